@@ -1,0 +1,31 @@
+# The two commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?= config.example.yaml
+
+.PHONY: run test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+run: $(VENV)/.installed
+	$(BIN)/gateway serve --config $(CONFIG)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python bench/latency.py
+
+clean:
+	rm -rf $(VENV) gateway.db blobs .pytest_cache

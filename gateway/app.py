@@ -1,0 +1,104 @@
+"""`create_app(settings)`: wiring only. Engines and clients are made in the lifespan."""
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import chat, records_api
+from gateway.auth import KeyRing
+from gateway.config import Settings
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.request_id import RequestIdMiddleware
+from gateway.services import Services
+from gateway.upstream import UpstreamClient
+from storage.blobs import DirectoryBlobStore
+from storage.database import make_engine
+from storage.records import RecordStore
+
+log = logging.getLogger("gateway")
+
+
+def build_store(settings: Settings) -> RecordStore:
+    engine = make_engine(settings.storage_url())
+    blobs = DirectoryBlobStore(settings.resolve_path(settings.storage.blob_dir))
+    return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes)
+
+
+def default_upstream() -> UpstreamClient:
+    from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's import is slow: only when serving
+
+    return LiteLLMUpstream()
+
+
+def _error_response(request: Request, error: GatewayError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status_code, headers=error.headers)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    upstream: UpstreamClient | None = None,
+    store: RecordStore | None = None,
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned_store = store is None
+        record_store = store or build_store(settings)
+        await run_in_threadpool(record_store.create_schema)
+        app.state.services = Services(
+            settings=settings,
+            store=record_store,
+            upstream=upstream or default_upstream(),
+            keyring=KeyRing(settings),
+        )
+        try:
+            yield
+        finally:
+            if owned_store:
+                record_store.engine.dispose()
+
+    app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan)
+    # Middleware order, outermost first: request ids wrap everything.
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(chat.router)
+    app.include_router(records_api.router)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> dict[str, str]:
+        await run_in_threadpool(request.app.state.services.store.ping)
+        return {"status": "ready"}
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
+        return _error_response(request, error)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return _error_response(request, InvalidRequest(str(error.errors()[0].get("msg"))))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code == 404:
+            gateway = NotFound(f"Unknown path {request.url.path}.", code="unknown_url")
+        else:
+            gateway = GatewayError(str(error.detail), status_code=error.status_code, code="http_error")
+            gateway.error_type = "invalid_request_error" if error.status_code < 500 else "api_error"
+        return _error_response(request, gateway)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return _error_response(request, GatewayError("The gateway hit an internal error.", code="internal_error"))
+
+    return app

@@ -1,0 +1,205 @@
+"""`POST /v1/chat/completions` and `GET /v1/models`: the request path.
+
+authenticate -> read and check the body -> ingest (durable) -> project ->
+forward through the upstream client -> record the run.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from gateway.chat_request import ChatRequest, parse_chat_request
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PermissionDenied
+from gateway.request_id import request_id_of
+from gateway.services import PrincipalDep, Services, ServicesDep
+from gateway.streaming import SSE_DONE, StreamAccumulator, sse_event
+from gateway.upstream import UpstreamRequest
+from policies.transcript import message_path
+from storage.records import RunOutcome, RunStart
+
+log = logging.getLogger("gateway.chat")
+router = APIRouter()
+
+SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused once it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise InvalidRequest(
+            f"the request body is {declared} bytes; the limit is {limit}", code="request_too_large"
+        )
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise InvalidRequest(
+                f"the request body passes the limit of {limit} bytes", code="request_too_large"
+            )
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _usage_numbers(usage: dict[str, Any] | None) -> dict[str, int | None]:
+    usage = usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return {
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "total_tokens": usage.get("total_tokens"),
+        "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
+    }
+
+
+def _outcome(
+    services: Services, upstream: UpstreamRequest, response: dict[str, Any], started: float
+) -> RunOutcome:
+    usage = response.get("usage")
+    choices = response.get("choices") or [{}]
+    return RunOutcome(
+        status="ok",
+        http_status=200,
+        latency_ms=(time.perf_counter() - started) * 1000,
+        cost_usd=services.upstream.cost_usd(upstream.litellm_params, usage) if usage else None,
+        finish_reason=choices[0].get("finish_reason"),
+        response=response,
+        **_usage_numbers(usage),
+    )
+
+
+def _error_outcome(error: GatewayError, started: float, status: str = "error") -> RunOutcome:
+    return RunOutcome(
+        status=status,
+        http_status=error.status_code,
+        latency_ms=(time.perf_counter() - started) * 1000,
+        error_type=error.code or error.error_type,
+        error_message=error.message,
+    )
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions", include_in_schema=False)
+async def chat_completions(request: Request, principal: PrincipalDep, services: ServicesDep) -> Any:
+    settings = services.settings
+    if principal.tenant is None:
+        raise PermissionDenied("admin keys read records; model requests need a tenant key")
+    tenant = principal.tenant
+    chat = parse_chat_request(await read_body(request, settings.server.max_body_bytes))
+    model = settings.model(chat.model)
+    if model is None or (tenant.models is not None and chat.model not in tenant.models):
+        raise ModelNotFound(
+            f"The model '{chat.model}' does not exist or you do not have access to it.", param="model"
+        )
+    request_id = request_id_of(request)
+    headers = request.headers
+    run = RunStart(
+        request_id=request_id,
+        tenant=tenant.id,
+        participant=headers.get("x-gateway-participant") or principal.key_id,
+        model=chat.model,
+        upstream_model=str(model.litellm_params["model"]),
+        stream=chat.stream,
+        session_label=next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None),
+        parent_request_id=headers.get("x-gateway-parent-request"),
+    )
+    path = message_path(tenant.id, chat.messages)
+    await run_in_threadpool(services.store.ingest, path, run)
+
+    upstream = UpstreamRequest(
+        alias=chat.model,
+        litellm_params=model.litellm_params,
+        body=chat.upstream_body(chat.messages),  # pass-through projection
+        timeout_seconds=settings.server.upstream_timeout_seconds,
+        request_id=request_id,
+    )
+    started = time.perf_counter()
+    if chat.stream:
+        return await _stream(services, chat, upstream, started)
+    try:
+        response = await services.upstream.complete(upstream)
+    except GatewayError as error:
+        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started))
+        raise
+    await run_in_threadpool(
+        services.store.finish_run, request_id, _outcome(services, upstream, response, started)
+    )
+    return JSONResponse(response)
+
+
+async def _stream(
+    services: Services, chat: ChatRequest, upstream: UpstreamRequest, started: float
+) -> StreamingResponse:
+    chunks = services.upstream.stream(upstream).__aiter__()
+    try:  # an error before the first chunk is an ordinary HTTP error
+        first = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except GatewayError as error:
+        await run_in_threadpool(
+            services.store.finish_run, upstream.request_id, _error_outcome(error, started)
+        )
+        raise
+
+    async def events() -> AsyncIterator[bytes]:
+        accumulator = StreamAccumulator()
+        outcome: RunOutcome | None = None
+        try:
+            chunk = first
+            while chunk is not None:
+                accumulator.add(chunk)
+                event = _client_chunk(chunk, chat.wants_stream_usage)
+                if event is not None:
+                    yield sse_event(event)
+                chunk = await anext(chunks, None)
+            yield SSE_DONE
+            outcome = _outcome(services, upstream, accumulator.response(), started)
+        except GatewayError as error:
+            outcome = _error_outcome(error, started)
+            yield sse_event(error.body())
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = _error_outcome(
+                GatewayError("the client closed the stream", code="client_disconnected"),
+                started,
+                status="client_disconnected",
+            )
+            raise
+        finally:
+            if outcome is not None:
+                await asyncio.shield(
+                    run_in_threadpool(services.store.finish_run, upstream.request_id, outcome)
+                )
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
+
+
+def _client_chunk(chunk: dict[str, Any], wants_usage: bool) -> dict[str, Any] | None:
+    """The chunk as the client asked for it: usage only when it set include_usage."""
+    if wants_usage or "usage" not in chunk:
+        return chunk
+    if not chunk.get("choices"):
+        return None  # the usage-only chunk we asked for on the gateway's behalf
+    return {k: v for k, v in chunk.items() if k != "usage"}
+
+
+@router.get("/v1/models")
+@router.get("/models", include_in_schema=False)
+async def list_models(principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    allowed = principal.tenant.models if principal.tenant else None
+    data = [
+        {"id": m.name, "object": "model", "created": 0, "owned_by": "context-gateway"}
+        for m in services.settings.models
+        if allowed is None or m.name in allowed
+    ]
+    return {"object": "list", "data": data}

@@ -1,0 +1,222 @@
+"""The gateway's YAML config: loading, `os.environ/NAME` references, validation.
+
+Every error names the file, the field (as a dotted path such as
+`tenants[0].api_keys[1]`) and what is wrong, so `gateway check-config` and a
+failed start both say exactly where to look.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.presets import PRESET_NAMES
+
+ENV_PREFIX = "os.environ/"
+_SHA256_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class ConfigError(Exception):
+    """A config that cannot be served, with the file and field at fault."""
+
+    def __init__(self, path: str | os.PathLike[str], field: str, problem: str) -> None:
+        self.path = str(path)
+        self.field = field
+        self.problem = problem
+        where = f"{self.path}: {field}" if field else self.path
+        super().__init__(f"{where}: {problem}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(4000, ge=0, le=65535)
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    upstream_timeout_seconds: float = Field(600.0, gt=0)
+
+
+class ModelSettings(_Strict):
+    name: str = Field(min_length=1)
+    litellm_params: dict[str, Any]
+
+    @field_validator("litellm_params")
+    @classmethod
+    def _needs_model(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(value.get("model"), str) or not value["model"]:
+            raise ValueError("litellm_params.model is required (e.g. openai/gpt-4o-mini)")
+        return value
+
+
+class TenantSettings(_Strict):
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    api_keys: list[str] = Field(min_length=1)
+    policy: str = "default"
+    models: list[str] | None = None  # None: every model of the config
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_well_formed(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if not key or key != key.strip():
+                raise ValueError("an api key may not be empty or carry surrounding spaces")
+            if key.startswith("sha256:") and not _SHA256_KEY.match(key):
+                raise ValueError("a hashed key is 'sha256:' followed by 64 lowercase hex digits")
+        return keys
+
+
+class StorageSettings(_Strict):
+    url: str = "sqlite:///./gateway.db"
+    blob_dir: str = "./blobs"
+    inline_max_bytes: int = Field(64 * 1024, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, url: str) -> str:
+        if not (url.startswith("sqlite:///") or url.startswith("postgresql")):
+            raise ValueError("use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB")
+        return url
+
+
+class RedisSettings(_Strict):
+    url: str | None = None
+
+
+class Settings(_Strict):
+    models: list[ModelSettings] = Field(min_length=1)
+    tenants: list[TenantSettings] = Field(min_length=1)
+    admin_keys: list[str] = Field(default_factory=list)
+    storage: StorageSettings = StorageSettings()
+    redis: RedisSettings = RedisSettings()
+    server: ServerSettings = ServerSettings()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    source: str = Field("<memory>", exclude=True)
+    base_dir: str = Field(".", exclude=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"models: duplicate model name(s) {dupes}")
+        ids = [t.id for t in self.tenants]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"tenants: duplicate tenant id(s) {dupes}")
+        seen: dict[str, str] = {}
+        for tenant in self.tenants:
+            for key in tenant.api_keys:
+                digest = key_digest(key)
+                if digest in seen:
+                    raise ValueError(f"tenants: tenant {tenant.id!r} reuses a key of {seen[digest]!r}")
+                seen[digest] = tenant.id
+            for model in tenant.models or []:
+                if model not in names:
+                    raise ValueError(f"tenants: tenant {tenant.id!r} names unknown model {model!r}")
+        for key in self.admin_keys:
+            if key_digest(key) in seen:
+                raise ValueError("admin_keys: an admin key is also a tenant key")
+        return self
+
+    def model(self, name: str) -> ModelSettings | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    def resolve_path(self, value: str) -> Path:
+        """A path from the config, relative to the config file's folder."""
+        path = Path(value)
+        return path if path.is_absolute() else Path(self.base_dir) / path
+
+    def storage_url(self) -> str:
+        """The storage URL with a relative SQLite path made relative to the config file."""
+        url = self.storage.url
+        prefix = "sqlite:///"
+        if url.startswith(prefix) and not url.startswith(prefix + "/") and ":memory:" not in url:
+            return prefix + str(self.resolve_path(url[len(prefix):]))
+        return url
+
+
+def key_digest(key: str) -> str:
+    """The sha256 hex digest a key is compared by; `sha256:<hex>` keys are digests already."""
+    if key.startswith("sha256:"):
+        return key[len("sha256:") :]
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _resolve_env(value: Any, where: str, path: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _resolve_env(v, f"{where}.{k}" if where else str(k), path) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_env(v, f"{where}[{i}]", path) for i, v in enumerate(value)]
+    if isinstance(value, str) and value.startswith(ENV_PREFIX):
+        name = value[len(ENV_PREFIX) :]
+        if name not in os.environ:
+            raise ConfigError(path, where, f"environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Settings:
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "", "the config must be a YAML mapping")
+    resolved = _resolve_env(raw, "", path)
+    try:
+        settings = Settings.model_validate({**resolved, "source": path, "base_dir": base_dir})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = _field_name(tuple(first["loc"]))
+        message = first["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        if first["type"] == "missing":
+            message = "required field is missing"
+        if not field and ": " in message:  # a model-level check names its own field
+            field, message = message.split(": ", 1)
+        raise ConfigError(path, field, message) from exc
+    _check_policies(settings, path)
+    return settings
+
+
+def _check_policies(settings: Settings, path: str) -> None:
+    for index, tenant in enumerate(settings.tenants):
+        if tenant.policy in PRESET_NAMES:
+            continue
+        if not settings.resolve_path(tenant.policy).is_file():
+            raise ConfigError(
+                path,
+                f"tenants[{index}].policy",
+                f"{tenant.policy!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a policy file",
+            )
+
+
+def load_settings(path: str | os.PathLike[str]) -> Settings:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(file, "", f"cannot read the file ({exc.strerror})") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise ConfigError(file, where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from exc
+    return parse_settings(raw, str(file), str(file.resolve().parent))

@@ -1,0 +1,148 @@
+"""The one module that imports LiteLLM: `UpstreamClient` over `litellm.acompletion`.
+
+LiteLLM is configured per call (no global callback lists, no module flags
+beyond the offline environment set before import), so concurrent requests
+for different tenants and models cannot affect each other.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, AsyncIterator, Mapping
+
+from policies.tokens import use_bundled_encodings
+
+# Before LiteLLM is imported: no price-map download, tokenizers from its own folder.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+use_bundled_encodings()
+
+import litellm  # noqa: E402
+
+from gateway.errors import (  # noqa: E402
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    upstream_error_for_status,
+)
+from gateway.upstream import UpstreamRequest  # noqa: E402
+
+# OpenAI chat fields LiteLLM takes as named arguments; any other body field
+# goes to the provider untouched through `extra_body`.
+_NAMED_PARAMS = frozenset(
+    {
+        "messages", "tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p", "n",
+        "stop", "max_tokens", "max_completion_tokens", "presence_penalty", "frequency_penalty",
+        "logit_bias", "user", "response_format", "seed", "logprobs", "top_logprobs",
+        "stream_options", "functions", "function_call", "modalities", "prediction", "audio",
+        "reasoning_effort", "verbosity", "safety_identifier", "service_tier", "store",
+        "prompt_cache_key", "prompt_cache_retention", "web_search_options", "metadata",
+    }
+)
+# Config keys that describe pricing for us, not parameters for the provider.
+_PRICING_KEYS = frozenset(
+    {"input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
+     "cache_creation_input_token_cost"}
+)
+
+
+def _drop_none(value: Any, keep: frozenset[str] = frozenset()) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v, keep) for k, v in value.items() if v is not None or k in keep}
+    if isinstance(value, list):
+        return [_drop_none(v, keep) for v in value]
+    return value
+
+
+_KEEP_NULL = frozenset({"content", "finish_reason"})
+
+
+_OPENAI_WIRE = frozenset({"openai", "custom_openai", "text-completion-openai", *litellm.openai_compatible_providers})
+
+
+@functools.lru_cache(maxsize=256)
+def _wire_params(model: str, custom_provider: str | None) -> tuple[frozenset[str], bool]:
+    """The OpenAI params LiteLLM maps for this model, and whether it speaks OpenAI's wire format."""
+    try:
+        _model, provider, _key, _base = litellm.get_llm_provider(model, custom_llm_provider=custom_provider)
+        supported = litellm.get_supported_openai_params(model=_model, custom_llm_provider=provider) or []
+    except Exception:  # an unknown provider: let LiteLLM decide on every param
+        return _NAMED_PARAMS, False
+    return frozenset(supported) | {"messages"}, provider in _OPENAI_WIRE
+
+
+class LiteLLMUpstream:
+    """Calls providers through `litellm.acompletion`, one call per request."""
+
+    def _kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
+        params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
+        kwargs: dict[str, Any] = {"max_retries": 0, **params}
+        extra_body: dict[str, Any] = dict(kwargs.pop("extra_body", None) or {})
+        supported, openai_wire = _wire_params(str(params["model"]), params.get("custom_llm_provider"))
+        for key, value in request.body.items():
+            if key in supported or (key in _NAMED_PARAMS and not openai_wire):
+                kwargs[key] = value  # LiteLLM maps it for the provider (or refuses it)
+            else:
+                extra_body[key] = value  # sent as the client sent it
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+        kwargs["timeout"] = request.timeout_seconds
+        if request.extra_headers:
+            kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers}
+        if stream:
+            kwargs["stream"] = True
+            # Usage is always asked for, so the run is recorded; the caller
+            # passes the usage chunk on only if the client asked for it.
+            kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
+        return kwargs
+
+    async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
+        try:
+            response = await litellm.acompletion(**self._kwargs(request, stream=False))
+        except Exception as exc:  # LiteLLM raises many types; map them once, here
+            raise _map_error(exc) from exc
+        return _drop_none(response.model_dump(), _KEEP_NULL)
+
+    async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        try:
+            chunks = await litellm.acompletion(**self._kwargs(request, stream=True))
+            async for chunk in chunks:
+                yield _drop_none(chunk.model_dump(), _KEEP_NULL)
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc) from exc
+
+    def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
+        prompt = int(usage.get("prompt_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or 0)
+        cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+        if "input_cost_per_token" in litellm_params:
+            price_in = float(litellm_params["input_cost_per_token"])
+            price_out = float(litellm_params.get("output_cost_per_token", 0.0))
+            price_cached = float(litellm_params.get("cache_read_input_token_cost", price_in))
+            return (prompt - cached) * price_in + cached * price_cached + completion * price_out
+        try:
+            prompt_cost, completion_cost = litellm.cost_per_token(
+                model=str(litellm_params["model"]),
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cache_read_input_tokens=cached,
+            )
+        except Exception:  # a model LiteLLM has no price for
+            return None
+        return float(prompt_cost) + float(completion_cost)
+
+
+def _map_error(exc: Exception) -> UpstreamError:
+    message = f"upstream: {getattr(exc, 'message', None) or exc}"
+    if isinstance(exc, litellm.Timeout):
+        return UpstreamTimeout(message)
+    status = getattr(exc, "status_code", None)
+    headers: dict[str, str] = {}
+    response = getattr(exc, "response", None)
+    retry_after = getattr(getattr(response, "headers", None), "get", lambda _k: None)("retry-after")
+    if retry_after:
+        headers["retry-after"] = str(retry_after)
+    if isinstance(exc, litellm.APIConnectionError) or not isinstance(status, int):
+        return UpstreamUnavailable(message, headers=headers)
+    return upstream_error_for_status(status, message, headers)

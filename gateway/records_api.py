@@ -1,0 +1,69 @@
+"""The tenant-scoped read API: artifacts and requests.
+
+A tenant key sees only its tenant's records (another tenant's id answers
+404, as if it did not exist); an admin key sees every tenant's.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from gateway.errors import GatewayError, NotFound
+from gateway.services import PrincipalDep, ServicesDep
+from storage.records import ArtifactCorrupted, ArtifactRecord
+from storage.blobs import BlobCorrupted
+
+router = APIRouter(prefix="/api")
+
+
+async def _artifact(services: ServicesDep, principal: PrincipalDep, artifact_id: str) -> ArtifactRecord:
+    record = await run_in_threadpool(services.store.get_artifact, artifact_id, principal.scope())
+    if record is None:
+        raise NotFound(f"No artifact '{artifact_id}'.", param="artifact_id", code="artifact_not_found")
+    return record
+
+
+@router.get("/artifacts/{artifact_id}")
+async def artifact_raw(artifact_id: str, principal: PrincipalDep, services: ServicesDep) -> Response:
+    """The exact raw bytes of a tool result; its metadata rides in headers."""
+    record = await _artifact(services, principal, artifact_id)
+    try:
+        data = await run_in_threadpool(services.store.artifact_bytes, record)
+    except (ArtifactCorrupted, BlobCorrupted, FileNotFoundError) as exc:
+        raise GatewayError(
+            f"Artifact '{artifact_id}' failed its integrity check.", code="artifact_corrupted"
+        ) from exc
+    headers = {
+        "x-artifact-id": record.id,
+        "x-artifact-sha256": record.sha256,
+        "x-artifact-status": record.status,
+        "x-artifact-tokens": str(record.tokens),
+        "x-artifact-tool-call-id": record.tool_call_id,
+        "etag": f'"{record.sha256}"',
+        "cache-control": "private, max-age=31536000, immutable",
+    }
+    if record.tool_name:
+        headers["x-artifact-tool-name"] = record.tool_name
+    return Response(content=data, media_type=record.content_type, headers=headers)
+
+
+@router.get("/artifacts/{artifact_id}/metadata")
+async def artifact_metadata(artifact_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    record = await _artifact(services, principal, artifact_id)
+    return record.metadata()
+
+
+@router.get("/requests/{request_id}")
+async def request_record(request_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    record = await run_in_threadpool(services.store.get_run, request_id, principal.scope())
+    if record is None:
+        raise NotFound(f"No request '{request_id}'.", param="request_id", code="request_not_found")
+    return {
+        **record.run,
+        "captured_artifact_ids": [a.id for a in record.captured_artifacts],
+        "captured_artifacts": [a.metadata() for a in record.captured_artifacts],
+        "path_artifact_ids": list(record.path_artifact_ids),
+    }

@@ -1,0 +1,34 @@
+"""What makes a transcript a valid chat request for a provider."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+
+def orphan_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """Tool messages that answer no call of the assistant message they follow.
+
+    Returns (index, reason) pairs. A tool message must come after an assistant
+    message with `tool_calls` (other tool messages may sit between them) and
+    name one of its call ids, at most once.
+    """
+    problems: list[tuple[int, str]] = []
+    open_calls: set[str] | None = None
+    answered: set[str] = set()
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            open_calls = {c.get("id") for c in message.get("tool_calls") or []}
+            answered = set()
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if not open_calls:
+                problems.append((index, "a tool message must follow an assistant message with tool_calls"))
+            elif call_id not in open_calls:
+                problems.append((index, f"tool_call_id {call_id!r} answers no call of the preceding assistant message"))
+            elif call_id in answered:
+                problems.append((index, f"tool_call_id {call_id!r} is answered twice"))
+            else:
+                answered.add(call_id)
+        else:
+            open_calls = None
+    return problems

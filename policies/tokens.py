@@ -1,0 +1,80 @@
+"""Token counting with tiktoken, offline.
+
+tiktoken downloads its encodings unless TIKTOKEN_CACHE_DIR points at a folder
+that holds them; LiteLLM ships cl100k_base and o200k_base, so we point there
+(found without importing LiteLLM, which is slow).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Any, Mapping
+
+import tiktoken
+
+DEFAULT_ENCODING = "o200k_base"
+MESSAGE_OVERHEAD = 4  # per-message framing, as OpenAI documents for chat models
+TOOL_CALL_OVERHEAD = 4
+
+
+def bundled_tiktoken_dir() -> str | None:
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.join(list(spec.submodule_search_locations)[0], "litellm_core_utils", "tokenizers")
+
+
+def use_bundled_encodings() -> None:
+    """Point tiktoken (and LiteLLM, which resets the variable) at the bundled files."""
+    folder = bundled_tiktoken_dir()
+    if folder is None:
+        return
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", folder)
+    os.environ.setdefault("CUSTOM_TIKTOKEN_CACHE_DIR", os.environ["TIKTOKEN_CACHE_DIR"])
+
+
+@functools.lru_cache(maxsize=8)
+def encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
+    use_bundled_encodings()
+    return tiktoken.get_encoding(name)
+
+
+@functools.lru_cache(maxsize=65536)
+def _cached_count(text: str, name: str) -> int:
+    return len(encoding(name).encode(text, disallowed_special=()))
+
+
+def count_text(text: str, name: str = DEFAULT_ENCODING) -> int:
+    if not text:
+        return 0
+    if len(text) > 4096:  # keep the cache for the many short strings
+        return len(encoding(name).encode(text, disallowed_special=()))
+    return _cached_count(text, name)
+
+
+def content_tokens(content: Any, name: str = DEFAULT_ENCODING) -> int:
+    if isinstance(content, str):
+        return count_text(content, name)
+    if isinstance(content, list):
+        return sum(
+            count_text(part["text"], name)
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return 0
+
+
+def message_tokens(message: Mapping[str, Any], name: str = DEFAULT_ENCODING) -> int:
+    """Tokens of one chat message as a provider counts it: content and tool calls."""
+    total = MESSAGE_OVERHEAD + content_tokens(message.get("content"), name)
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        total += TOOL_CALL_OVERHEAD
+        total += count_text(function.get("name") or "", name)
+        total += count_text(function.get("arguments") or "", name)
+    return total
+
+
+def messages_tokens(messages: list[Mapping[str, Any]], name: str = DEFAULT_ENCODING) -> int:
+    return sum(message_tokens(m, name) for m in messages)

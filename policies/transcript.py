@@ -1,0 +1,106 @@
+"""Transcript identity: canonical messages and hash-chained message node ids.
+
+A message node's id is a hash of (tenant, parent node id, canonical message),
+so the same conversation re-sent turn after turn maps onto the same nodes, a
+conversation is a tree, and a request is a path in it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+# Fields that carry meaning for the model. Anything else a client adds
+# (`refusal`, `annotations`, SDK-specific extras) does not change identity,
+# so an agent that re-serialises its own history slightly differently does
+# not fork the conversation.
+_IDENTITY_FIELDS = ("role", "name", "content", "tool_calls", "tool_call_id", "function_call")
+
+NODE_ID_BYTES = 16  # 32 hex characters
+
+
+def _canonical_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    return {
+        "id": call.get("id"),
+        "type": call.get("type") or "function",
+        "function": {"name": function.get("name"), "arguments": function.get("arguments")},
+    }
+
+
+def canonical_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The identity-bearing part of a message, with empty values dropped."""
+    out: dict[str, Any] = {}
+    for key in _IDENTITY_FIELDS:
+        value = message.get(key)
+        if value is None or (value == "" and key == "content" and message.get("role") == "assistant"):
+            continue
+        if key == "tool_calls":
+            if not value:
+                continue
+            value = [_canonical_tool_call(c) for c in value]
+        out[key] = value
+    return out
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON: sorted keys, no spaces, unicode kept as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def node_id(tenant: str, parent_id: str | None, message: Mapping[str, Any]) -> str:
+    digest = hashlib.blake2b(digest_size=NODE_ID_BYTES)
+    for part in (tenant, parent_id or "", canonical_json(canonical_message(message))):
+        encoded = part.encode("utf-8", "surrogatepass")
+        digest.update(len(encoded).to_bytes(8, "big"))
+        digest.update(encoded)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class PathNode:
+    """One message of a request, placed in the tenant's message tree."""
+
+    id: str
+    parent_id: str | None
+    position: int
+    message: Mapping[str, Any]
+
+
+def message_path(tenant: str, messages: Iterable[Mapping[str, Any]]) -> list[PathNode]:
+    path: list[PathNode] = []
+    parent: str | None = None
+    for position, message in enumerate(messages):
+        nid = node_id(tenant, parent, message)
+        path.append(PathNode(id=nid, parent_id=parent, position=position, message=message))
+        parent = nid
+    return path
+
+
+def artifact_id_for(node: str) -> str:
+    """A tool message node has exactly one artifact; its id derives from the node's."""
+    return f"art_{node}"
+
+
+def tool_result_bytes(content: Any) -> tuple[bytes, str]:
+    """The raw bytes of a tool message's content and their media type.
+
+    A string is kept exactly (UTF-8). Structured content (a list of parts) is
+    kept as canonical JSON; it is what the client sent, minus whitespace.
+    """
+    if content is None:
+        return b"", "text/plain; charset=utf-8"
+    if isinstance(content, str):
+        return content.encode("utf-8", "surrogatepass"), "text/plain; charset=utf-8"
+    return canonical_json(content).encode("utf-8", "surrogatepass"), "application/json"
+
+
+def tool_call_index(messages: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The tool calls of a transcript by call id (the latest call wins)."""
+    calls: dict[str, Mapping[str, Any]] = {}
+    for message in messages:
+        if message.get("role") == "assistant":
+            for call in message.get("tool_calls") or []:
+                calls[call.get("id")] = call
+    return calls

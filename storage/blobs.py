@@ -1,0 +1,57 @@
+"""Content-addressed blob store for large artifacts (a directory by default)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+
+class BlobCorrupted(Exception):
+    """A blob's bytes no longer match the hash they were stored under."""
+
+
+class DirectoryBlobStore:
+    """Blobs as files named by their sha256, written atomically and fsynced.
+
+    Writes are idempotent: the same content always lands on the same key, so
+    two replicas capturing the same artifact cannot conflict.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+            raise ValueError(f"not a blob key: {key!r}")
+        return self.root / key[:2] / key
+
+    def put(self, data: bytes) -> str:
+        key = hashlib.sha256(data).hexdigest()
+        target = self._path(key)
+        if target.exists() and target.stat().st_size == len(data):
+            return key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return key
+
+    def get(self, key: str) -> bytes:
+        data = self._path(key).read_bytes()
+        if hashlib.sha256(data).hexdigest() != key:
+            raise BlobCorrupted(key)
+        return data

@@ -1,0 +1,35 @@
+"""Engines for the record store: SQLite (embedded default) or PostgreSQL."""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+    """An engine for `url`; SQLite is set up for durable, concurrent writes.
+
+    A PostgreSQL URL may name a schema with `?options=-csearch_path%3DNAME`
+    (psycopg passes it to the server), which is how tests get one each.
+    """
+    parsed = make_url(url)
+    kwargs: dict[str, Any] = {"future": True}
+    if parsed.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        engine = create_engine(url, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=FULL")  # a committed artifact survives power loss
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        return create_engine(url, **kwargs)
+    raise ValueError(f"unsupported storage url {parsed.render_as_string(hide_password=True)!r}: use sqlite:/// or postgresql+psycopg://")

@@ -1,0 +1,503 @@
+"""The record store: capture of transcripts, tool calls, artifacts and model runs.
+
+`RecordStore.ingest` is the durable step of the request path: every new
+message node, tool call and tool artifact of a request is committed (blobs
+fsynced first) together with the pending ModelRun, before anything is
+forwarded upstream. Re-sent transcripts map onto existing nodes, so nothing
+is stored twice; concurrent replicas inserting the same rows do not conflict.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from policies.tokens import count_text
+from policies.tool_status import tool_result_status
+from policies.transcript import (
+    PathNode,
+    artifact_id_for,
+    canonical_json,
+    tool_result_bytes,
+)
+from storage.blobs import DirectoryBlobStore
+from storage.schema import Base, MessageNode, ModelRun, ToolArtifact, ToolCall
+
+DEFAULT_INLINE_MAX_BYTES = 64 * 1024
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What is known of a model run before it is forwarded."""
+
+    request_id: str
+    tenant: str
+    participant: str
+    model: str
+    upstream_model: str
+    stream: bool
+    session_label: str | None = None
+    parent_request_id: str | None = None
+    started_at: datetime = field(default_factory=utcnow)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a model run ended."""
+
+    status: str  # ok | error | client_disconnected
+    latency_ms: float
+    http_status: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    total_tokens: int | None = None
+    cost_usd: float | None = None
+    finish_reason: str | None = None
+    response: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    session_id: str
+    new_node_ids: tuple[str, ...]
+    new_artifact_ids: tuple[str, ...]
+    path_artifact_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    id: str
+    tenant: str
+    session_id: str
+    node_id: str
+    tool_call_id: str
+    tool_name: str | None
+    arguments: str | None
+    status: str
+    sha256: str
+    bytes: int
+    tokens: int
+    content_type: str
+    owner_participant: str
+    privacy_class: str | None
+    freshness_class: str | None
+    captured_by_request: str
+    observed_at: datetime
+    blob_key: str | None
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "tool_artifact",
+            "tenant": self.tenant,
+            "session_id": self.session_id,
+            "node_id": self.node_id,
+            "tool_call_id": self.tool_call_id,
+            "tool_name": self.tool_name,
+            "arguments": self.arguments,
+            "status": self.status,
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "tokens": self.tokens,
+            "content_type": self.content_type,
+            "owner_participant": self.owner_participant,
+            "privacy_class": self.privacy_class,
+            "freshness_class": self.freshness_class,
+            "captured_by_request": self.captured_by_request,
+            "observed_at": self.observed_at.isoformat(),
+            "storage": "blob" if self.blob_key else "inline",
+        }
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run: dict[str, Any]
+    captured_artifacts: tuple[ArtifactRecord, ...]
+    path_artifact_ids: tuple[str, ...]
+
+
+class ArtifactCorrupted(Exception):
+    """Stored artifact bytes no longer match their recorded sha256."""
+
+
+def tool_call_pk(assistant_node_id: str, call_id: str) -> str:
+    """The ToolCall row id: a call id is unique only within its assistant message."""
+    return hashlib.blake2b(f"{assistant_node_id}/{call_id}".encode(), digest_size=16).hexdigest()
+
+
+def _artifact_record(row: ToolArtifact) -> ArtifactRecord:
+    return ArtifactRecord(
+        id=row.id,
+        tenant=row.tenant,
+        session_id=row.session_id,
+        node_id=row.node_id,
+        tool_call_id=row.tool_call_id,
+        tool_name=row.tool_name,
+        arguments=row.arguments,
+        status=row.status,
+        sha256=row.sha256,
+        bytes=row.bytes,
+        tokens=row.tokens,
+        content_type=row.content_type,
+        owner_participant=row.owner_participant,
+        privacy_class=row.privacy_class,
+        freshness_class=row.freshness_class,
+        captured_by_request=row.captured_by_request,
+        observed_at=_aware(row.observed_at),
+        blob_key=row.blob_key,
+    )
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands datetimes back naive; they were stored as UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _run_dict(row: ModelRun) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "model_run",
+        "tenant": row.tenant,
+        "session_id": row.session_id,
+        "session_label": row.session_label,
+        "participant": row.participant,
+        "parent_request_id": row.parent_request_id,
+        "model": row.model,
+        "upstream_model": row.upstream_model,
+        "leaf_node_id": row.leaf_node_id,
+        "message_count": row.message_count,
+        "stream": row.stream,
+        "status": row.status,
+        "http_status": row.http_status,
+        "error": (
+            {"type": row.error_type, "message": row.error_message} if row.error_type else None
+        ),
+        "usage": {
+            "prompt_tokens": row.prompt_tokens,
+            "completion_tokens": row.completion_tokens,
+            "cached_tokens": row.cached_tokens,
+            "total_tokens": row.total_tokens,
+        },
+        "cost_usd": row.cost_usd,
+        "latency_ms": row.latency_ms,
+        "finish_reason": row.finish_reason,
+        "response": json.loads(row.response_json) if row.response_json else None,
+        "started_at": _aware(row.started_at).isoformat(),
+        "finished_at": _aware(row.finished_at).isoformat() if row.finished_at else None,
+    }
+
+
+class RecordStore:
+    """Repositories over one SQLAlchemy engine and one blob store."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        blobs: DirectoryBlobStore,
+        *,
+        inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+    ) -> None:
+        self.engine = engine
+        self.blobs = blobs
+        self.inline_max_bytes = inline_max_bytes
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+    def create_schema(self) -> None:
+        Base.metadata.create_all(self.engine)
+
+    def ping(self) -> None:
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    # -- capture -------------------------------------------------------------
+
+    def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
+        """Store the request's new nodes, tool calls and artifacts, and open its run."""
+        if not path:
+            raise ValueError("a request has at least one message")
+        tenant = run.tenant
+        session_id = path[0].id
+        now = utcnow()
+        with Session(self.engine) as session, session.begin():
+            existing = self._existing_nodes(session, [n.id for n in path])
+            new: list[PathNode] = []
+            node_rows, call_rows, artifact_rows = [], [], []
+            open_calls: dict[str, tuple[str, Mapping[str, Any]]] = {}
+            for node in path:
+                if node.message.get("role") == "assistant":
+                    open_calls = {
+                        str(c.get("id")): (node.id, c) for c in node.message.get("tool_calls") or []
+                    }
+                if node.id in existing:
+                    continue
+                new.append(node)
+                row, artifact = self._node_rows(tenant, session_id, node, open_calls, run, now)
+                node_rows.append(row)
+                if artifact is not None:
+                    artifact_rows.append(artifact)
+                call_rows.extend(self._call_rows(session, tenant, node, now))
+            self._insert_ignoring_conflicts(session, MessageNode, node_rows)
+            self._insert_ignoring_conflicts(session, ToolCall, call_rows)
+            self._insert_ignoring_conflicts(session, ToolArtifact, artifact_rows)
+            session.add(
+                ModelRun(
+                    id=run.request_id,
+                    tenant=tenant,
+                    session_id=session_id,
+                    session_label=run.session_label,
+                    participant=run.participant,
+                    parent_request_id=run.parent_request_id,
+                    model=run.model,
+                    upstream_model=run.upstream_model,
+                    leaf_node_id=path[-1].id,
+                    message_count=len(path),
+                    stream=run.stream,
+                    status="pending",
+                    started_at=run.started_at,
+                )
+            )
+        return IngestResult(
+            session_id=session_id,
+            new_node_ids=tuple(n.id for n in new),
+            new_artifact_ids=tuple(a["id"] for a in artifact_rows),
+            path_artifact_ids=tuple(
+                artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"
+            ),
+        )
+
+    def _existing_nodes(self, session: Session, ids: list[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            found.update(session.scalars(select(MessageNode.id).where(MessageNode.id.in_(chunk))))
+        return found
+
+    def _node_rows(
+        self,
+        tenant: str,
+        session_id: str,
+        node: PathNode,
+        calls: Mapping[str, tuple[str, Mapping[str, Any]]],
+        run: RunStart,
+        now: datetime,
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        message = dict(node.message)
+        role = str(message.get("role"))
+        artifact = None
+        artifact_id = None
+        if role == "tool":
+            artifact_id = artifact_id_for(node.id)
+            artifact = self._artifact_row(tenant, session_id, node, artifact_id, calls, run, now)
+            message.pop("content", None)  # the artifact holds it, byte-exact
+        row = {
+            "id": node.id,
+            "tenant": tenant,
+            "parent_id": node.parent_id,
+            "session_id": session_id,
+            "depth": node.position,
+            "role": role,
+            "message_json": canonical_json(message),
+            "artifact_id": artifact_id,
+            "first_request_id": run.request_id,
+            "created_at": now,
+        }
+        return row, artifact
+
+    def _artifact_row(
+        self,
+        tenant: str,
+        session_id: str,
+        node: PathNode,
+        artifact_id: str,
+        calls: Mapping[str, tuple[str, Mapping[str, Any]]],
+        run: RunStart,
+        now: datetime,
+    ) -> dict[str, Any]:
+        raw, content_type = tool_result_bytes(node.message.get("content"))
+        text_content = raw.decode("utf-8", "replace")
+        call_id = str(node.message.get("tool_call_id") or "")
+        call_node_id, call = calls.get(call_id, (None, {}))
+        function = call.get("function") or {}
+        blob_key = None
+        inline: bytes | None = raw
+        if len(raw) > self.inline_max_bytes:
+            blob_key = self.blobs.put(raw)  # fsynced before the row commits
+            inline = None
+        return {
+            "id": artifact_id,
+            "tenant": tenant,
+            "node_id": node.id,
+            "session_id": session_id,
+            "tool_call_id": call_id,
+            "tool_call_pk": tool_call_pk(call_node_id, call_id) if call_node_id else None,
+            "tool_name": function.get("name"),
+            "arguments": function.get("arguments"),
+            "status": tool_result_status(text_content),
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "bytes": len(raw),
+            "tokens": count_text(text_content),
+            "content_type": content_type,
+            "content": inline,
+            "blob_key": blob_key,
+            "owner_participant": run.participant,
+            "privacy_class": None,
+            "freshness_class": None,
+            "captured_by_request": run.request_id,
+            "observed_at": now,
+        }
+
+    def _call_rows(
+        self, session: Session, tenant: str, node: PathNode, now: datetime
+    ) -> list[dict[str, Any]]:
+        tool_calls = node.message.get("tool_calls") or []
+        if node.message.get("role") != "assistant" or not tool_calls:
+            return []
+        run_id = None
+        if node.parent_id is not None:
+            # The run whose request ended at this message's parent produced it.
+            run_id = session.scalar(
+                select(ModelRun.id)
+                .where(ModelRun.tenant == tenant, ModelRun.leaf_node_id == node.parent_id)
+                .order_by(ModelRun.started_at.desc())
+                .limit(1)
+            )
+        rows = []
+        for call in tool_calls:
+            function = call.get("function") or {}
+            call_id = str(call.get("id") or "")
+            rows.append(
+                {
+                    "id": tool_call_pk(node.id, call_id),
+                    "tenant": tenant,
+                    "node_id": node.id,
+                    "call_id": call_id,
+                    "name": str(function.get("name") or ""),
+                    "arguments": str(function.get("arguments") or ""),
+                    "run_id": run_id,
+                    "created_at": now,
+                }
+            )
+        return rows
+
+    def _insert_ignoring_conflicts(
+        self, session: Session, model: type[Base], rows: list[dict[str, Any]]
+    ) -> None:
+        if not rows:
+            return
+        statement = self._insert(model).on_conflict_do_nothing()
+        session.execute(statement, rows)
+
+    def finish_run(self, request_id: str, outcome: RunOutcome) -> None:
+        values: dict[str, Any] = {
+            "status": outcome.status,
+            "latency_ms": outcome.latency_ms,
+            "http_status": outcome.http_status,
+            "error_type": outcome.error_type,
+            "error_message": outcome.error_message,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "cached_tokens": outcome.cached_tokens,
+            "total_tokens": outcome.total_tokens,
+            "cost_usd": outcome.cost_usd,
+            "finish_reason": outcome.finish_reason,
+            "response_json": canonical_json(outcome.response) if outcome.response else None,
+            "finished_at": utcnow(),
+        }
+        with Session(self.engine) as session, session.begin():
+            session.execute(update(ModelRun).where(ModelRun.id == request_id).values(**values))
+
+    # -- reading -------------------------------------------------------------
+
+    def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
+        """The artifact, if it exists and `tenant` may see it (None: any tenant)."""
+        with Session(self.engine) as session:
+            query = select(ToolArtifact).where(ToolArtifact.id == artifact_id)
+            if tenant is not None:
+                query = query.where(ToolArtifact.tenant == tenant)
+            row = session.scalar(query)
+            return _artifact_record(row) if row else None
+
+    def artifact_bytes(self, record: ArtifactRecord) -> bytes:
+        """The raw bytes, checked against the recorded sha256."""
+        if record.blob_key:
+            data = self.blobs.get(record.blob_key)
+        else:
+            with Session(self.engine) as session:
+                data = session.scalar(
+                    select(ToolArtifact.content).where(ToolArtifact.id == record.id)
+                ) or b""
+        if hashlib.sha256(data).hexdigest() != record.sha256:
+            raise ArtifactCorrupted(record.id)
+        return data
+
+    def get_run(self, request_id: str, tenant: str | None) -> RunRecord | None:
+        with Session(self.engine) as session:
+            query = select(ModelRun).where(ModelRun.id == request_id)
+            if tenant is not None:
+                query = query.where(ModelRun.tenant == tenant)
+            row = session.scalar(query)
+            if row is None:
+                return None
+            captured = session.scalars(
+                select(ToolArtifact)
+                .where(ToolArtifact.captured_by_request == request_id)
+                .order_by(ToolArtifact.observed_at, ToolArtifact.id)
+            ).all()
+            return RunRecord(
+                run=_run_dict(row),
+                captured_artifacts=tuple(_artifact_record(a) for a in captured),
+                path_artifact_ids=tuple(self._path_artifact_ids(session, row.leaf_node_id)),
+            )
+
+    def _path_artifact_ids(self, session: Session, leaf_id: str) -> list[str]:
+        rows = session.execute(
+            text(
+                "WITH RECURSIVE path(id, parent_id, artifact_id, depth) AS ("
+                " SELECT id, parent_id, artifact_id, depth FROM message_nodes WHERE id = :leaf"
+                " UNION ALL"
+                " SELECT n.id, n.parent_id, n.artifact_id, n.depth"
+                " FROM message_nodes n JOIN path p ON n.id = p.parent_id)"
+                " SELECT artifact_id FROM path WHERE artifact_id IS NOT NULL ORDER BY depth"
+            ),
+            {"leaf": leaf_id},
+        )
+        return [r[0] for r in rows]
+
+    def count_artifacts(self, tenant: str | None = None) -> int:
+        with Session(self.engine) as session:
+            query = select(func.count()).select_from(ToolArtifact)
+            if tenant is not None:
+                query = query.where(ToolArtifact.tenant == tenant)
+            return int(session.scalar(query) or 0)
+
+    def artifacts_for_session(self, session_id: str) -> list[ArtifactRecord]:
+        with Session(self.engine) as session:
+            rows = session.scalars(
+                select(ToolArtifact).where(ToolArtifact.session_id == session_id)
+            ).all()
+            return [_artifact_record(r) for r in rows]
+
+    def iter_tool_calls(self, tenant: str) -> Iterable[dict[str, Any]]:
+        with Session(self.engine) as session:
+            for row in session.scalars(select(ToolCall).where(ToolCall.tenant == tenant)):
+                yield {
+                    "id": row.id,
+                    "node_id": row.node_id,
+                    "call_id": row.call_id,
+                    "name": row.name,
+                    "arguments": row.arguments,
+                    "run_id": row.run_id,
+                }

@@ -1,0 +1,118 @@
+"""The tables of the record store (SQLAlchemy 2.x, SQLite or PostgreSQL)."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ID = String(64)
+TENANT = String(128)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class MessageNode(Base):
+    """One transcript message in a tenant's tree; tool content lives in its artifact."""
+
+    __tablename__ = "message_nodes"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    parent_id: Mapped[str | None] = mapped_column(ID, index=True)
+    session_id: Mapped[str] = mapped_column(ID, index=True)
+    depth: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(32))
+    message_json: Mapped[str] = mapped_column(Text)
+    artifact_id: Mapped[str | None] = mapped_column(ID)
+    first_request_id: Mapped[str] = mapped_column(ID)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ModelRun(Base):
+    """One upstream call made for one client request."""
+
+    __tablename__ = "model_runs"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)  # the request id
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    session_id: Mapped[str] = mapped_column(ID, index=True)
+    session_label: Mapped[str | None] = mapped_column(String(256))
+    participant: Mapped[str] = mapped_column(String(256))
+    parent_request_id: Mapped[str | None] = mapped_column(ID)
+    model: Mapped[str] = mapped_column(String(256))
+    upstream_model: Mapped[str] = mapped_column(String(256))
+    leaf_node_id: Mapped[str] = mapped_column(ID, index=True)
+    message_count: Mapped[int] = mapped_column(Integer)
+    stream: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(32))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error_type: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    total_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    finish_reason: Mapped[str | None] = mapped_column(String(64))
+    response_json: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ToolCall(Base):
+    """A call an assistant message requested; `run_id` is the run whose answer it was."""
+
+    __tablename__ = "tool_calls"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    node_id: Mapped[str] = mapped_column(ID, ForeignKey("message_nodes.id"), index=True)
+    call_id: Mapped[str] = mapped_column(String(256))
+    name: Mapped[str] = mapped_column(String(256))
+    arguments: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[str | None] = mapped_column(ID)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ToolArtifact(Base):
+    """The raw record of one tool result, captured before anything is cut."""
+
+    __tablename__ = "tool_artifacts"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    node_id: Mapped[str] = mapped_column(ID, ForeignKey("message_nodes.id"), unique=True)
+    session_id: Mapped[str] = mapped_column(ID, index=True)
+    tool_call_id: Mapped[str] = mapped_column(String(256))
+    tool_call_pk: Mapped[str | None] = mapped_column(ID)
+    tool_name: Mapped[str | None] = mapped_column(String(256))
+    arguments: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    bytes: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(Integer)
+    content_type: Mapped[str] = mapped_column(String(64))
+    content: Mapped[bytes | None] = mapped_column(LargeBinary)
+    blob_key: Mapped[str | None] = mapped_column(String(128))
+    owner_participant: Mapped[str] = mapped_column(String(256))
+    privacy_class: Mapped[str | None] = mapped_column(String(64))
+    freshness_class: Mapped[str | None] = mapped_column(String(64))
+    captured_by_request: Mapped[str] = mapped_column(ID, index=True)
+    observed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+Index("ix_model_runs_tenant_started", ModelRun.tenant, ModelRun.started_at)

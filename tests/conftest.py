@@ -1,0 +1,172 @@
+"""Shared fixtures: a fake upstream, fresh databases, a gateway on a real socket.
+
+PostgreSQL and Redis tests use the real servers named by
+GATEWAY_TEST_POSTGRES_URL / GATEWAY_TEST_REDIS_URL (defaults: the local
+ones). Where a server is unreachable those tests skip and say why, unless
+GATEWAY_TEST_REQUIRE_SERVICES=1 (set by .ci/run), which makes them fail.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import httpx  # noqa: E402
+import pytest  # noqa: E402
+import sqlalchemy  # noqa: E402
+
+from policies.tokens import use_bundled_encodings  # noqa: E402
+
+use_bundled_encodings()
+
+from gateway.app import create_app  # noqa: E402
+from gateway.config import Settings, parse_settings  # noqa: E402
+from storage.blobs import DirectoryBlobStore  # noqa: E402
+from storage.database import make_engine  # noqa: E402
+from storage.records import RecordStore  # noqa: E402
+from tests.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TRACES_DIR = Path(os.environ.get("GATEWAY_TRACES_DIR", REPO.parent / "shared" / "traces"))
+POSTGRES_URL = os.environ.get(
+    "GATEWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REQUIRE_SERVICES = os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES") == "1"
+
+TENANT_KEY = "sk-acme-1"
+OTHER_TENANT_KEY = "sk-globex-1"
+ADMIN_KEY = "sk-admin"
+
+
+def service_unavailable(name: str, error: Exception) -> None:
+    message = f"{name} unreachable ({type(error).__name__}: {error})"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{message}; GATEWAY_TEST_REQUIRE_SERVICES=1 makes it mandatory")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def fake_upstream_server() -> Iterator[FakeUpstream]:
+    with FakeUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake(fake_upstream_server: FakeUpstream) -> FakeUpstream:
+    fake_upstream_server.reset()
+    return fake_upstream_server
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL schema for one test, dropped afterwards."""
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    admin = sqlalchemy.create_engine(POSTGRES_URL)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sqlalchemy.text(f'CREATE SCHEMA "{schema}"'))
+    except sqlalchemy.exc.OperationalError as exc:
+        admin.dispose()
+        service_unavailable("PostgreSQL", exc)
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gateway.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+def make_store(url: str, blob_dir: Path, inline_max_bytes: int = 64 * 1024) -> RecordStore:
+    store = RecordStore(make_engine(url), DirectoryBlobStore(blob_dir), inline_max_bytes=inline_max_bytes)
+    store.create_schema()
+    return store
+
+
+def settings_for(api_base: str, storage_url: str, tmp_path: Path, **overrides: Any) -> Settings:
+    raw: dict[str, Any] = {
+        "models": [
+            {"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": api_base,
+                                                 "api_key": "sk-upstream"}},
+            {"name": "demo", "litellm_params": {"model": "openai/demo", "mock_response": "demo says hi"}},
+        ],
+        "tenants": [
+            {"id": "acme", "api_keys": [TENANT_KEY], "policy": "default"},
+            {"id": "globex", "api_keys": [OTHER_TENANT_KEY], "policy": "default"},
+        ],
+        "admin_keys": [ADMIN_KEY],
+        "storage": {"url": storage_url, "blob_dir": str(tmp_path / "blobs")},
+    }
+    for key, value in overrides.items():
+        raw[key] = value
+    return parse_settings(raw, "<test>", str(tmp_path))
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    settings: Settings
+    app: Any
+    fake: FakeUpstream
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def store(self) -> RecordStore:
+        return self.app.state.services.store
+
+    def client(self, key: str = TENANT_KEY, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"},
+                            timeout=60, **kwargs)
+
+
+def start_gateway(settings: Settings, fake: FakeUpstream) -> tuple[RunningGateway, ServerThread]:
+    app = create_app(settings)
+    server = ServerThread(app).start()
+    return RunningGateway(url=server.url, settings=settings, app=app, fake=fake), server
+
+
+@pytest.fixture
+def gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """The gateway on a real socket, SQLite-backed, its `fake` model on the fake upstream."""
+    running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path), fake)
+    yield running
+    server.stop()
+
+
+@pytest.fixture
+def gateway_any_store(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """The same gateway over SQLite and over PostgreSQL."""
+    running, server = start_gateway(settings_for(fake.api_base, storage_url, tmp_path), fake)
+    yield running
+    server.stop()
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8").strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(text.splitlines()[0])
+
+
+def trace_files() -> list[Path]:
+    return sorted(TRACES_DIR.glob("*.jsonl"))
