@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from gateway.errors import InvalidRequest
 from policies.protocol import orphan_tool_messages
@@ -42,7 +42,7 @@ class _Message(_Open):
 class _ChatBody(_Open):
     model: str = Field(min_length=1)
     messages: list[_Message] = Field(min_length=1)
-    stream: bool | None = None
+    stream: StrictBool | None = None
 
 
 @dataclass(frozen=True)

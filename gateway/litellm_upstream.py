@@ -38,6 +38,8 @@ _NAMED_PARAMS = frozenset(
         "prompt_cache_key", "prompt_cache_retention", "web_search_options", "metadata",
     }
 )
+# Arguments of `litellm.acompletion` that steer the call itself.
+_CALL_OPTIONS = frozenset({"max_retries", "extra_headers", "stream", "timeout", "api_key", "api_base", "base_url"})
 # Config keys that describe pricing for us, not parameters for the provider.
 _PRICING_KEYS = frozenset(
     {"input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
@@ -67,7 +69,9 @@ def _wire_params(model: str, custom_provider: str | None) -> tuple[frozenset[str
         supported = litellm.get_supported_openai_params(model=_model, custom_llm_provider=provider) or []
     except Exception:  # an unknown provider: let LiteLLM decide on every param
         return _NAMED_PARAMS, False
-    return frozenset(supported) | {"messages"}, provider in _OPENAI_WIRE
+    # LiteLLM lists some of its own call options among the "params"; a client's
+    # body must never set those (retries, upstream headers), only send them on.
+    return (frozenset(supported) - _CALL_OPTIONS) | {"messages"}, provider in _OPENAI_WIRE
 
 
 class LiteLLMUpstream:
@@ -133,10 +137,30 @@ class LiteLLMUpstream:
         return float(prompt_cost) + float(completion_cost)
 
 
+_TIMEOUT_CAUSES = frozenset({"APITimeoutError", "ReadTimeout", "ConnectTimeout", "WriteTimeout",
+                             "PoolTimeout", "ServerTimeoutError", "TimeoutError"})
+_CONNECTION_CAUSES = frozenset({"APIConnectionError", "ConnectError", "ClientConnectorError",
+                                "ClientConnectionError", "ServerDisconnectedError", "RemoteProtocolError"})
+
+
+def _root_causes(exc: BaseException) -> list[str]:
+    """Class names along the cause chain: LiteLLM reports a refused connection as a 500."""
+    names, seen = [], set()
+    current: BaseException | None = exc.__cause__ or exc.__context__
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        names.append(type(current).__name__)
+        current = current.__cause__ or current.__context__
+    return names
+
+
 def _map_error(exc: Exception) -> UpstreamError:
     message = f"upstream: {getattr(exc, 'message', None) or exc}"
-    if isinstance(exc, litellm.Timeout):
+    causes = _root_causes(exc)
+    if isinstance(exc, litellm.Timeout) or _TIMEOUT_CAUSES.intersection(causes):
         return UpstreamTimeout(message)
+    if _CONNECTION_CAUSES.intersection(causes):
+        return UpstreamUnavailable(message)
     status = getattr(exc, "status_code", None)
     headers: dict[str, str] = {}
     response = getattr(exc, "response", None)

@@ -103,7 +103,7 @@ class ToolArtifact(Base):
     arguments: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16))
     sha256: Mapped[str] = mapped_column(String(64), index=True)
-    bytes: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
     content_type: Mapped[str] = mapped_column(String(64))
     content: Mapped[bytes | None] = mapped_column(LargeBinary)

@@ -1,0 +1,97 @@
+"""Config loading: env references, and errors that name the file and the field."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.config import ConfigError, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD = {
+    "models": [{"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": "http://127.0.0.1:18080/v1",
+                                                    "api_key": "os.environ/UPSTREAM_KEY"}}],
+    "tenants": [{"id": "acme", "api_keys": ["sk-acme-1"], "policy": "default"}],
+    "admin_keys": ["sk-admin"],
+    "storage": {"url": "sqlite:///./gateway.db"},
+}
+
+
+def write(tmp_path: Path, raw: object) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw) if not isinstance(raw, str) else raw)
+    return path
+
+
+def test_issue_shape_loads_with_env_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-from-env")
+    settings = load_settings(write(tmp_path, GOOD))
+    assert settings.model("fake").litellm_params["api_key"] == "sk-from-env"
+    assert settings.storage_url() == f"sqlite:///{tmp_path}/gateway.db"
+
+
+def test_example_config_is_valid() -> None:
+    settings = load_settings(REPO / "config.example.yaml")
+    assert settings.model("demo") is not None
+
+
+@pytest.mark.parametrize("mutate, field, words", [
+    (lambda c: c["models"][0]["litellm_params"].pop("model"), "models[0].litellm_params", "model is required"),
+    (lambda c: c["tenants"][0].update(api_keys=[]), "tenants[0].api_keys", "at least 1"),
+    (lambda c: c["tenants"][0].update(policy="nope"), "tenants[0].policy", "neither a preset"),
+    (lambda c: c["tenants"][0].update(api_keys=["sha256:xyz"]), "tenants[0].api_keys", "64 lowercase hex"),
+    (lambda c: c.update(tenants=c["tenants"] * 2), "tenants", "duplicate tenant"),
+    (lambda c: c["storage"].update(url="mysql://x"), "storage.url", "sqlite"),
+    (lambda c: c.update(colour="blue"), "colour", "unknown field"),
+    (lambda c: c.pop("models"), "models", "required"),
+    (lambda c: c["tenants"][0].update(models=["gpt-9"]), "tenants", "unknown model"),
+])
+def test_bad_config_names_file_and_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutate, field, words) -> None:
+    monkeypatch.setenv("UPSTREAM_KEY", "x")
+    raw = yaml.safe_load(yaml.safe_dump(GOOD))
+    mutate(raw)
+    path = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    assert caught.value.path == str(path)
+    assert caught.value.field == field
+    assert words in caught.value.problem
+    assert str(path) in str(caught.value) and field in str(caught.value)
+
+
+def test_missing_env_var_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UPSTREAM_KEY", raising=False)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, GOOD))
+    assert caught.value.field == "models[0].litellm_params.api_key"
+    assert "UPSTREAM_KEY" in caught.value.problem
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "models:\n  - name: [unclosed\n"))
+    assert caught.value.field.startswith("line ")
+
+
+def test_hashed_keys_are_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UPSTREAM_KEY", "x")
+    raw = yaml.safe_load(yaml.safe_dump(GOOD))
+    raw["tenants"][0]["api_keys"] = ["sha256:" + hashlib.sha256(b"sk-secret").hexdigest()]
+    assert load_settings(write(tmp_path, raw)).tenants[0].api_keys[0].startswith("sha256:")
+
+
+def test_check_config_command(tmp_path: Path) -> None:
+    gateway = [sys.executable, "-m", "gateway"]
+    ok = subprocess.run([*gateway, "check-config", str(REPO / "config.example.yaml")], capture_output=True, text=True)
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    bad = write(tmp_path, {**GOOD, "tenants": []})
+    env = {**os.environ, "UPSTREAM_KEY": "x"}
+    failed = subprocess.run([*gateway, "check-config", str(bad)], capture_output=True, text=True, env=env)
+    assert failed.returncode == 2
+    assert f"{bad}: tenants:" in failed.stderr

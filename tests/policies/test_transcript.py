@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from policies.protocol import orphan_tool_messages
+from policies.tool_status import tool_result_status
+from policies.transcript import canonical_message, message_path, node_id, tool_result_bytes
+
+
+def test_node_ids_chain_over_tenant_parent_and_message() -> None:
+    m = {"role": "user", "content": "hi"}
+    assert node_id("a", None, m) == node_id("a", None, dict(m))
+    assert node_id("a", None, m) != node_id("b", None, m)
+    assert node_id("a", "p1", m) != node_id("a", "p2", m)
+    path = message_path("a", [m, {"role": "assistant", "content": "yo"}])
+    assert path[1].parent_id == path[0].id and path[1].position == 1
+
+
+def test_reserialised_history_keeps_its_identity() -> None:
+    sent = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    echoed = {"role": "assistant", "content": "", "refusal": None, "annotations": [], "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}, "index": 0}]}
+    assert canonical_message(sent) == canonical_message(echoed)
+    assert node_id("t", None, sent) == node_id("t", None, echoed)
+    # but a different argument is a different message
+    changed = {**sent, "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{ }"}}]}
+    assert node_id("t", None, changed) != node_id("t", None, sent)
+
+
+def test_tool_result_bytes_are_exact_for_text() -> None:
+    text = "  spaced \r\n tabs\t ünï ✓\x00"
+    assert tool_result_bytes(text) == (text.encode(), "text/plain; charset=utf-8")
+    assert tool_result_bytes(None)[0] == b""
+
+
+def test_orphan_tool_messages() -> None:
+    call = {"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{}"}},
+                                                {"id": "b", "function": {"name": "f", "arguments": "{}"}}]}
+    ok = [{"role": "user", "content": "x"}, call, {"role": "tool", "tool_call_id": "a", "content": "1"},
+          {"role": "tool", "tool_call_id": "b", "content": "2"}]
+    assert orphan_tool_messages(ok) == []
+    assert orphan_tool_messages([{"role": "tool", "tool_call_id": "a"}])[0][0] == 0
+    wrong_id = ok[:2] + [{"role": "tool", "tool_call_id": "zzz", "content": "1"}]
+    assert "answers no call" in orphan_tool_messages(wrong_id)[0][1]
+    twice = ok + [{"role": "tool", "tool_call_id": "a", "content": "again"}]
+    assert "answered twice" in orphan_tool_messages(twice)[0][1]
+    after_user = ok + [{"role": "user", "content": "?"}, {"role": "tool", "tool_call_id": "a"}]
+    assert orphan_tool_messages(after_user)[0][0] == 5
+
+
+def test_tool_result_status() -> None:
+    assert tool_result_status("Error: file not found") == "error"
+    assert tool_result_status("Traceback (most recent call last):\n ...") == "error"
+    assert tool_result_status("ValueError: bad") == "error"
+    assert tool_result_status('{"error": "denied"}') == "error"
+    assert tool_result_status('{"error": null, "rows": 3}') == "ok"
+    assert tool_result_status("3 files changed, no errors") == "ok"
