@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import chat, records_api
 from gateway.auth import KeyRing
-from gateway.config import Settings
+from gateway.config import Settings, tenant_policies
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.request_id import RequestIdMiddleware
 from gateway.services import Services
@@ -57,6 +57,7 @@ def create_app(
             store=record_store,
             upstream=upstream or default_upstream(),
             keyring=KeyRing(settings),
+            policies=tenant_policies(settings),
         )
         try:
             yield

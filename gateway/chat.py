@@ -16,12 +16,13 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.chat_request import ChatRequest, parse_chat_request
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PermissionDenied
+from gateway.projection import assembly_record, project
 from gateway.request_id import request_id_of
 from gateway.services import PrincipalDep, Services, ServicesDep
 from gateway.streaming import SSE_DONE, StreamAccumulator, sse_event
 from gateway.upstream import UpstreamRequest
 from policies.transcript import message_path
-from storage.records import RunOutcome, RunStart
+from storage.records import AssemblyRecord, RunOutcome, RunStart
 
 log = logging.getLogger("gateway.chat")
 router = APIRouter()
@@ -111,31 +112,47 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
         parent_request_id=headers.get("x-gateway-parent-request"),
     )
     path = message_path(tenant.id, chat.messages)
-    await run_in_threadpool(services.store.ingest, path, run)
-
+    started = time.perf_counter()
+    ingest = await run_in_threadpool(services.store.ingest, path, run)
+    ingest_ms = (time.perf_counter() - started) * 1000
+    try:
+        projection = await run_in_threadpool(project, services.policies[tenant.id], model, path, ingest)
+    except GatewayError as error:
+        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started))
+        raise
+    assembly = assembly_record(projection, {"ingest": round(ingest_ms, 3)})
+    headers = {
+        "x-gateway-tokens-original": str(projection.tokens_original),
+        "x-gateway-tokens-forwarded": str(projection.tokens_forwarded),
+    }
     upstream = UpstreamRequest(
         alias=chat.model,
         litellm_params=model.litellm_params,
-        body=chat.upstream_body(chat.messages),  # pass-through projection
+        body=chat.upstream_body(projection.messages),
         timeout_seconds=settings.server.upstream_timeout_seconds,
         request_id=request_id,
     )
     started = time.perf_counter()
     if chat.stream:
-        return await _stream(services, chat, upstream, started)
+        return await _stream(services, chat, upstream, assembly, headers, started)
     try:
         response = await services.upstream.complete(upstream)
     except GatewayError as error:
-        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started))
+        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started), assembly)
         raise
     await run_in_threadpool(
-        services.store.finish_run, request_id, _outcome(services, upstream, response, started)
+        services.store.finish_run, request_id, _outcome(services, upstream, response, started), assembly
     )
-    return JSONResponse(response)
+    return JSONResponse(response, headers=headers)
 
 
 async def _stream(
-    services: Services, chat: ChatRequest, upstream: UpstreamRequest, started: float
+    services: Services,
+    chat: ChatRequest,
+    upstream: UpstreamRequest,
+    assembly: AssemblyRecord,
+    headers: dict[str, str],
+    started: float,
 ) -> StreamingResponse:
     chunks = services.upstream.stream(upstream).__aiter__()
     try:  # an error before the first chunk is an ordinary HTTP error
@@ -144,7 +161,7 @@ async def _stream(
         first = None
     except GatewayError as error:
         await run_in_threadpool(
-            services.store.finish_run, upstream.request_id, _error_outcome(error, started)
+            services.store.finish_run, upstream.request_id, _error_outcome(error, started), assembly
         )
         raise
 
@@ -174,13 +191,13 @@ async def _stream(
         finally:
             if outcome is not None:
                 await asyncio.shield(
-                    run_in_threadpool(services.store.finish_run, upstream.request_id, outcome)
+                    run_in_threadpool(services.store.finish_run, upstream.request_id, outcome, assembly)
                 )
 
     return StreamingResponse(
         events(),
         media_type="text/event-stream",
-        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
     )
 
 

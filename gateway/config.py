@@ -15,7 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from policies.presets import PRESET_NAMES
+from policies.policy import Policy, PolicyError, policy_from_mapping
+from policies.presets import PRESET_NAMES, preset
+from policies.validation import field_path
 
 ENV_PREFIX = "os.environ/"
 _SHA256_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -46,6 +48,16 @@ class ServerSettings(_Strict):
 class ModelSettings(_Strict):
     name: str = Field(min_length=1)
     litellm_params: dict[str, Any]
+    provider: str | None = None  # for privacy rules; default: the prefix of litellm_params.model
+
+    @property
+    def provider_name(self) -> str:
+        if self.provider:
+            return self.provider
+        if self.litellm_params.get("custom_llm_provider"):
+            return str(self.litellm_params["custom_llm_provider"])
+        model = str(self.litellm_params["model"])
+        return model.split("/", 1)[0] if "/" in model else "openai"
 
     @field_validator("litellm_params")
     @classmethod
@@ -162,16 +174,6 @@ def _resolve_env(value: Any, where: str, path: str) -> Any:
     return value
 
 
-def _field_name(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError(path, "", "the config must be a YAML mapping")
@@ -180,7 +182,7 @@ def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Set
         settings = Settings.model_validate({**resolved, "source": path, "base_dir": base_dir})
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = _field_name(tuple(first["loc"]))
+        field = field_path(tuple(first["loc"]))
         message = first["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, ") :]
@@ -191,32 +193,46 @@ def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Set
         if not field and ": " in message:  # a model-level check names its own field
             field, message = message.split(": ", 1)
         raise ConfigError(path, field, message) from exc
-    _check_policies(settings, path)
+    tenant_policies(settings)  # every policy loads, or the config is refused
     return settings
 
 
-def _check_policies(settings: Settings, path: str) -> None:
-    for index, tenant in enumerate(settings.tenants):
-        if tenant.policy in PRESET_NAMES:
-            continue
-        if not settings.resolve_path(tenant.policy).is_file():
-            raise ConfigError(
-                path,
-                f"tenants[{index}].policy",
-                f"{tenant.policy!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a policy file",
-            )
-
-
-def load_settings(path: str | os.PathLike[str]) -> Settings:
-    file = Path(path)
+def _read_yaml(file: Path) -> Any:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(file, "", f"cannot read the file ({exc.strerror})") from exc
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
         raise ConfigError(file, where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from exc
-    return parse_settings(raw, str(file), str(file.resolve().parent))
+
+
+def load_policy(reference: str, settings: Settings, field: str) -> Policy:
+    """A preset by name, or a YAML policy file (relative to the config file)."""
+    if reference in PRESET_NAMES:
+        return preset(reference)
+    file = settings.resolve_path(reference)
+    if not file.is_file():
+        raise ConfigError(
+            settings.source, field,
+            f"{reference!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a policy file",
+        )
+    try:
+        return policy_from_mapping(_read_yaml(file), str(file))
+    except PolicyError as exc:
+        raise ConfigError(exc.source, exc.field, exc.problem) from exc
+
+
+def tenant_policies(settings: Settings) -> dict[str, Policy]:
+    return {
+        tenant.id: load_policy(tenant.policy, settings, f"tenants[{index}].policy")
+        for index, tenant in enumerate(settings.tenants)
+    }
+
+
+def load_settings(path: str | os.PathLike[str]) -> Settings:
+    file = Path(path)
+    return parse_settings(_read_yaml(file), str(file), str(file.resolve().parent))

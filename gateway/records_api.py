@@ -28,7 +28,12 @@ async def _artifact(services: ServicesDep, principal: PrincipalDep, artifact_id:
 
 @router.get("/artifacts/{artifact_id}")
 async def artifact_raw(artifact_id: str, principal: PrincipalDep, services: ServicesDep) -> Response:
-    """The exact raw bytes of a tool result; its metadata rides in headers."""
+    """The exact raw bytes of a tool result (or of a call's arguments, `args_...`); metadata in headers."""
+    if artifact_id.startswith("args_"):
+        arguments, meta = await _call_arguments(services, principal, artifact_id)
+        return Response(content=arguments.encode("utf-8", "surrogatepass"), media_type="application/json",
+                        headers={"x-artifact-id": artifact_id, "x-artifact-sha256": meta["sha256"],
+                                 "x-artifact-tool-call-id": meta["tool_call_id"]})
     record = await _artifact(services, principal, artifact_id)
     try:
         data = await run_in_threadpool(services.store.artifact_bytes, record)
@@ -50,8 +55,17 @@ async def artifact_raw(artifact_id: str, principal: PrincipalDep, services: Serv
     return Response(content=data, media_type=record.content_type, headers=headers)
 
 
+async def _call_arguments(services: ServicesDep, principal: PrincipalDep, artifact_id: str) -> tuple[str, dict[str, Any]]:
+    found = await run_in_threadpool(services.store.get_call_arguments, artifact_id, principal.scope())
+    if found is None:
+        raise NotFound(f"No artifact '{artifact_id}'.", param="artifact_id", code="artifact_not_found")
+    return found
+
+
 @router.get("/artifacts/{artifact_id}/metadata")
 async def artifact_metadata(artifact_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    if artifact_id.startswith("args_"):
+        return (await _call_arguments(services, principal, artifact_id))[1]
     record = await _artifact(services, principal, artifact_id)
     return record.metadata()
 
@@ -66,4 +80,5 @@ async def request_record(request_id: str, principal: PrincipalDep, services: Ser
         "captured_artifact_ids": [a.id for a in record.captured_artifacts],
         "captured_artifacts": [a.metadata() for a in record.captured_artifacts],
         "path_artifact_ids": list(record.path_artifact_ids),
+        "assembly": record.assembly.as_dict() if record.assembly else None,
     }

@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from gateway.auth import KeyRing, Principal, authenticate
 from gateway.config import Settings
 from gateway.upstream import UpstreamClient
+from policies.policy import Policy
 from storage.records import RecordStore
 
 
@@ -18,6 +19,7 @@ class Services:
     store: RecordStore
     upstream: UpstreamClient
     keyring: KeyRing
+    policies: dict[str, Policy]  # by tenant id
 
 
 def get_services(request: Request) -> Services:

@@ -78,3 +78,13 @@ def message_tokens(message: Mapping[str, Any], name: str = DEFAULT_ENCODING) -> 
 
 def messages_tokens(messages: list[Mapping[str, Any]], name: str = DEFAULT_ENCODING) -> int:
     return sum(message_tokens(m, name) for m in messages)
+
+
+@functools.lru_cache(maxsize=512)
+def encoding_for_model(model: str) -> str:
+    """The tiktoken encoding for a model name (provider prefix allowed), o200k_base if unknown."""
+    name = model.split("/")[-1]
+    try:
+        return tiktoken.encoding_name_for_model(name)
+    except KeyError:
+        return DEFAULT_ENCODING

@@ -2,7 +2,9 @@
 
 OpenAI's tool messages carry no error flag, so the status is read from the
 content: a JSON object with an `error` member, or text that opens like an
-error report. Deterministic, so the same content always gets the same status.
+error report, is an error; a result that says it awaits approval or
+confirmation is pending (unresolved). Deterministic: the same content always
+gets the same status.
 """
 from __future__ import annotations
 
@@ -16,8 +18,15 @@ _ERROR_OPENING = re.compile(
 )
 
 
+_PENDING = re.compile(
+    r"\b(?:pending (?:approval|confirmation|review)|awaiting (?:approval|confirmation|review)"
+    r"|(?:approval|confirmation) (?:is )?(?:required|pending))\b",
+    re.IGNORECASE,
+)
+
+
 def tool_result_status(text: str) -> str:
-    """'error' or 'ok' for a tool result's text."""
+    """'error', 'pending' (the call is not resolved yet) or 'ok' for a tool result's text."""
     head = text[:2048]
     if _ERROR_OPENING.match(head):
         return "error"
@@ -26,7 +35,12 @@ def tool_result_status(text: str) -> str:
         try:
             value = json.loads(text)
         except ValueError:
-            return "ok"
-        if isinstance(value, dict) and value.get("error") not in (None, False, "", {}):
-            return "error"
+            value = None
+        if isinstance(value, dict):
+            if value.get("error") not in (None, False, "", {}):
+                return "error"
+            if str(value.get("status", "")).lower() in ("pending", "awaiting_approval", "pending_approval"):
+                return "pending"
+    if _PENDING.search(head):
+        return "pending"
     return "ok"

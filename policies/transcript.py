@@ -79,8 +79,22 @@ def message_path(tenant: str, messages: Iterable[Mapping[str, Any]]) -> list[Pat
 
 
 def artifact_id_for(node: str) -> str:
-    """A tool message node has exactly one artifact; its id derives from the node's."""
-    return f"art_{node}"
+    """A tool message node has exactly one artifact; its id derives from the node's.
+
+    80 bits of the node id: short, since memories repeat it to the model, and
+    still far from colliding within one deployment.
+    """
+    return f"art_{node[:20]}"
+
+
+def tool_call_pk(assistant_node_id: str, call_id: str) -> str:
+    """A ToolCall's id: a call id is unique only within its assistant message."""
+    return hashlib.blake2b(f"{assistant_node_id}/{call_id}".encode(), digest_size=16).hexdigest()
+
+
+def arguments_artifact_id(assistant_node_id: str, call_id: str) -> str:
+    """The artifact id under which a call's raw arguments are served."""
+    return f"args_{tool_call_pk(assistant_node_id, call_id)}"
 
 
 def tool_result_bytes(content: Any) -> tuple[bytes, str]:

@@ -24,10 +24,11 @@ from policies.transcript import (
     PathNode,
     artifact_id_for,
     canonical_json,
+    tool_call_pk,
     tool_result_bytes,
 )
 from storage.blobs import DirectoryBlobStore
-from storage.schema import Base, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.schema import Base, ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
 
@@ -75,6 +76,40 @@ class IngestResult:
     new_node_ids: tuple[str, ...]
     new_artifact_ids: tuple[str, ...]
     path_artifact_ids: tuple[str, ...]
+    observed_at: Mapping[str, float]  # artifact id -> unix seconds it was first captured
+    owners: Mapping[str, str]  # artifact id -> participant that produced it
+    sibling_artifacts: int  # artifacts of the session that are not on this path
+
+
+@dataclass(frozen=True)
+class AssemblyRecord:
+    """A ContextAssembly as the gateway hands it to the store (plain values only)."""
+
+    policy_name: str
+    policy_version: str
+    assembler_version: str
+    tokens_original: int
+    tokens_forwarded: int
+    messages_original: int
+    messages_forwarded: int
+    boundary_round: int
+    epoch_round: int
+    decisions: list[dict[str, Any]]
+    omissions: dict[str, int]
+    timings_ms: dict[str, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "object": "context_assembly",
+            "policy": {"name": self.policy_name, "version": self.policy_version},
+            "assembler_version": self.assembler_version,
+            "tokens": {"original": self.tokens_original, "forwarded": self.tokens_forwarded},
+            "messages": {"original": self.messages_original, "forwarded": self.messages_forwarded},
+            "epoch": {"boundary_round": self.boundary_round, "epoch_round": self.epoch_round},
+            "omissions": self.omissions,
+            "decisions": self.decisions,
+            "timings_ms": self.timings_ms,
+        }
 
 
 @dataclass(frozen=True)
@@ -127,15 +162,11 @@ class RunRecord:
     run: dict[str, Any]
     captured_artifacts: tuple[ArtifactRecord, ...]
     path_artifact_ids: tuple[str, ...]
+    assembly: AssemblyRecord | None
 
 
 class ArtifactCorrupted(Exception):
     """Stored artifact bytes no longer match their recorded sha256."""
-
-
-def tool_call_pk(assistant_node_id: str, call_id: str) -> str:
-    """The ToolCall row id: a call id is unique only within its assistant message."""
-    return hashlib.blake2b(f"{assistant_node_id}/{call_id}".encode(), digest_size=16).hexdigest()
 
 
 def _artifact_record(row: ToolArtifact) -> ArtifactRecord:
@@ -200,6 +231,43 @@ def _run_dict(row: ModelRun) -> dict[str, Any]:
     }
 
 
+def _assembly_row(request_id: str, tenant: str, record: AssemblyRecord) -> ContextAssembly:
+    return ContextAssembly(
+        request_id=request_id,
+        tenant=tenant,
+        policy_name=record.policy_name,
+        policy_version=record.policy_version,
+        assembler_version=record.assembler_version,
+        tokens_original=record.tokens_original,
+        tokens_forwarded=record.tokens_forwarded,
+        messages_original=record.messages_original,
+        messages_forwarded=record.messages_forwarded,
+        boundary_round=record.boundary_round,
+        epoch_round=record.epoch_round,
+        decisions_json=json.dumps(record.decisions, separators=(",", ":")),
+        omissions_json=json.dumps(record.omissions, separators=(",", ":")),
+        timings_json=json.dumps(record.timings_ms, separators=(",", ":")),
+        created_at=utcnow(),
+    )
+
+
+def _assembly_record(row: ContextAssembly) -> AssemblyRecord:
+    return AssemblyRecord(
+        policy_name=row.policy_name,
+        policy_version=row.policy_version,
+        assembler_version=row.assembler_version,
+        tokens_original=row.tokens_original,
+        tokens_forwarded=row.tokens_forwarded,
+        messages_original=row.messages_original,
+        messages_forwarded=row.messages_forwarded,
+        boundary_round=row.boundary_round,
+        epoch_round=row.epoch_round,
+        decisions=json.loads(row.decisions_json),
+        omissions=json.loads(row.omissions_json),
+        timings_ms=json.loads(row.timings_json),
+    )
+
+
 class RecordStore:
     """Repositories over one SQLAlchemy engine and one blob store."""
 
@@ -252,6 +320,11 @@ class RecordStore:
             self._insert_ignoring_conflicts(session, MessageNode, node_rows)
             self._insert_ignoring_conflicts(session, ToolCall, call_rows)
             self._insert_ignoring_conflicts(session, ToolArtifact, artifact_rows)
+            path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
+            observed, owners = self._artifact_facts(session, path_artifacts)
+            in_session = session.scalar(
+                select(func.count()).select_from(ToolArtifact).where(ToolArtifact.session_id == session_id)
+            )
             session.add(
                 ModelRun(
                     id=run.request_id,
@@ -273,10 +346,27 @@ class RecordStore:
             session_id=session_id,
             new_node_ids=tuple(n.id for n in new),
             new_artifact_ids=tuple(a["id"] for a in artifact_rows),
-            path_artifact_ids=tuple(
-                artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"
-            ),
+            path_artifact_ids=tuple(path_artifacts),
+            observed_at=observed,
+            owners=owners,
+            sibling_artifacts=max(0, int(in_session or 0) - len(path_artifacts)),
         )
+
+    def _artifact_facts(
+        self, session: Session, artifact_ids: list[str]
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        observed: dict[str, float] = {}
+        owners: dict[str, str] = {}
+        for start in range(0, len(artifact_ids), 500):
+            chunk = artifact_ids[start : start + 500]
+            rows = session.execute(
+                select(ToolArtifact.id, ToolArtifact.observed_at, ToolArtifact.owner_participant)
+                .where(ToolArtifact.id.in_(chunk))
+            )
+            for artifact_id, moment, owner in rows:
+                observed[artifact_id] = _aware(moment).timestamp()
+                owners[artifact_id] = owner
+        return observed, owners
 
     def _existing_nodes(self, session: Session, ids: list[str]) -> set[str]:
         found: set[str] = set()
@@ -400,7 +490,9 @@ class RecordStore:
         statement = self._insert(model).on_conflict_do_nothing()
         session.execute(statement, rows)
 
-    def finish_run(self, request_id: str, outcome: RunOutcome) -> None:
+    def finish_run(
+        self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
+    ) -> None:
         values: dict[str, Any] = {
             "status": outcome.status,
             "latency_ms": outcome.latency_ms,
@@ -417,7 +509,11 @@ class RecordStore:
             "finished_at": utcnow(),
         }
         with Session(self.engine) as session, session.begin():
-            session.execute(update(ModelRun).where(ModelRun.id == request_id).values(**values))
+            tenant = session.scalar(
+                update(ModelRun).where(ModelRun.id == request_id).values(**values).returning(ModelRun.tenant)
+            )
+            if assembly is not None and tenant is not None:
+                session.add(_assembly_row(request_id, tenant, assembly))
 
     # -- reading -------------------------------------------------------------
 
@@ -429,6 +525,25 @@ class RecordStore:
                 query = query.where(ToolArtifact.tenant == tenant)
             row = session.scalar(query)
             return _artifact_record(row) if row else None
+
+    def get_call_arguments(self, artifact_id: str, tenant: str | None) -> tuple[str, dict[str, Any]] | None:
+        """The raw arguments of a tool call served as an `args_...` artifact, and its metadata."""
+        if not artifact_id.startswith("args_"):
+            return None
+        with Session(self.engine) as session:
+            query = select(ToolCall).where(ToolCall.id == artifact_id[len("args_") :])
+            if tenant is not None:
+                query = query.where(ToolCall.tenant == tenant)
+            row = session.scalar(query)
+            if row is None:
+                return None
+            meta = {
+                "id": artifact_id, "object": "tool_call_arguments", "tenant": row.tenant,
+                "node_id": row.node_id, "tool_call_id": row.call_id, "tool_name": row.name,
+                "run_id": row.run_id, "sha256": hashlib.sha256(row.arguments.encode("utf-8", "surrogatepass")).hexdigest(),
+                "bytes": len(row.arguments.encode("utf-8", "surrogatepass")),
+            }
+            return row.arguments, meta
 
     def artifact_bytes(self, record: ArtifactRecord) -> bytes:
         """The raw bytes, checked against the recorded sha256."""
@@ -456,10 +571,12 @@ class RecordStore:
                 .where(ToolArtifact.captured_by_request == request_id)
                 .order_by(ToolArtifact.observed_at, ToolArtifact.id)
             ).all()
+            assembly = session.get(ContextAssembly, request_id)
             return RunRecord(
                 run=_run_dict(row),
                 captured_artifacts=tuple(_artifact_record(a) for a in captured),
                 path_artifact_ids=tuple(self._path_artifact_ids(session, row.leaf_node_id)),
+                assembly=_assembly_record(assembly) if assembly else None,
             )
 
     def _path_artifact_ids(self, session: Session, leaf_id: str) -> list[str]:

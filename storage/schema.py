@@ -116,3 +116,25 @@ class ToolArtifact(Base):
 
 
 Index("ix_model_runs_tenant_started", ModelRun.tenant, ModelRun.started_at)
+
+
+class ContextAssembly(Base):
+    """The record of one projection: what the model saw, and why."""
+
+    __tablename__ = "context_assemblies"
+
+    request_id: Mapped[str] = mapped_column(ID, ForeignKey("model_runs.id"), primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    policy_name: Mapped[str] = mapped_column(String(128))
+    policy_version: Mapped[str] = mapped_column(String(64))
+    assembler_version: Mapped[str] = mapped_column(String(32))
+    tokens_original: Mapped[int] = mapped_column(Integer)
+    tokens_forwarded: Mapped[int] = mapped_column(Integer)
+    messages_original: Mapped[int] = mapped_column(Integer)
+    messages_forwarded: Mapped[int] = mapped_column(Integer)
+    boundary_round: Mapped[int] = mapped_column(Integer)
+    epoch_round: Mapped[int] = mapped_column(Integer)
+    decisions_json: Mapped[str] = mapped_column(Text)
+    omissions_json: Mapped[str] = mapped_column(Text)
+    timings_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,53 @@
+"""Between ingest and forward: the tenant's policy applied to the request path."""
+from __future__ import annotations
+
+import time
+
+from gateway.config import ModelSettings
+from gateway.errors import ContextBudgetExceeded
+from policies import assembler
+from policies.assembler import Projection, assemble
+from policies.path_records import records_for_path
+from policies.policy import Policy
+from policies.tokens import encoding_for_model
+from policies.transcript import PathNode
+from storage.records import AssemblyRecord, IngestResult
+
+
+def project(policy: Policy, model: ModelSettings, path: list[PathNode], ingest: IngestResult) -> Projection:
+    """The projection of `path` for `model` under `policy`; raises ContextBudgetExceeded."""
+    now = time.time()
+    encoding = encoding_for_model(str(model.litellm_params["model"]))
+    records = records_for_path(
+        path,
+        now,
+        observed_at=ingest.observed_at,
+        owners=ingest.owners,
+        sibling_artifacts=ingest.sibling_artifacts,
+        encoding=encoding,
+    )
+    try:
+        return assemble(policy, [n.message for n in path], records, now,
+                        provider=model.provider_name, encoding=encoding)
+    except assembler.ContextBudgetExceeded as exc:
+        raise ContextBudgetExceeded(
+            f"Context budget exceeded: {exc}. Shorten the conversation or raise budget.max_prompt_tokens.",
+            param="messages",
+        ) from exc
+
+
+def assembly_record(projection: Projection, timings_ms: dict[str, float]) -> AssemblyRecord:
+    return AssemblyRecord(
+        policy_name=projection.policy_name,
+        policy_version=projection.policy_version,
+        assembler_version=projection.assembler_version,
+        tokens_original=projection.tokens_original,
+        tokens_forwarded=projection.tokens_forwarded,
+        messages_original=len(projection.decisions),
+        messages_forwarded=len(projection.messages),
+        boundary_round=projection.boundary_round,
+        epoch_round=projection.epoch_round,
+        decisions=[d.as_dict() for d in projection.decisions],
+        omissions=projection.omissions,
+        timings_ms={**timings_ms, "assemble": round(projection.assembly_ms, 3)},
+    )

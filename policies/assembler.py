@@ -1,0 +1,465 @@
+"""The assembler: a pure function of (policy, path, records, now) -> Projection.
+
+Rules kept (DESIGN.md, "Rules the assembler must keep"):
+- the projection is a valid provider request: every call keeps its answer,
+  order is preserved, content is replaced, never a call left unanswered;
+- system and user messages and the latest tool rounds go through verbatim,
+  and so do failed calls not yet retried and pending (unresolved) results;
+- a compacted message names `artifact:<id>`;
+- compaction advances in epochs: the boundary moves only when the
+  un-compacted tail passes `trigger_tokens` and the move saves at least
+  `clear_at_least_tokens`; everything before the boundary is rendered as of
+  the epoch that set it, so between epochs each forwarded request extends
+  the previous one unchanged and the provider's prefix cache keeps hitting;
+- stale results are marked with their age and the tool that refreshes them;
+  superseded ones are replaced by a pointer to their replacement; restricted
+  raw content never reaches a provider the policy does not allow;
+- when what must be kept does not fit the budget, ContextBudgetExceeded.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from policies.memories import ArtifactView, compact_arguments, render_memory, render_notice
+from policies.policy import Policy, ToolRule
+from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
+
+ASSEMBLER_VERSION = "1"
+
+
+class ContextBudgetExceeded(Exception):
+    def __init__(self, needed: int, budget: int) -> None:
+        self.needed, self.budget = needed, budget
+        super().__init__(
+            f"the messages that must be forwarded verbatim take {needed} tokens; "
+            f"the policy's prompt budget is {budget}"
+        )
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the store knows of the path: artifacts by the index of their tool message."""
+
+    artifacts: Mapping[int, ArtifactView]
+    argument_refs: Mapping[tuple[int, str], str] = field(default_factory=dict)  # (index, call id) -> artifact id
+    sibling_artifacts: int = 0  # artifacts of the same session off this path
+
+
+@dataclass(frozen=True)
+class Decision:
+    index: int
+    role: str
+    action: str  # verbatim | compacted | stale | superseded | withheld | omitted | protected | arguments_compacted
+    reason: str
+    artifact_id: str | None = None
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "role": self.role, "action": self.action, "reason": self.reason,
+            "artifact_id": self.artifact_id, "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+        }
+
+
+@dataclass(frozen=True)
+class Projection:
+    messages: list[dict[str, Any]]
+    decisions: tuple[Decision, ...]
+    omissions: dict[str, int]
+    tokens_original: int
+    tokens_forwarded: int
+    policy_name: str
+    policy_version: str
+    boundary_round: int  # rounds before this are rendered as of the epoch
+    epoch_round: int  # the round count at which the current epoch began
+    compacted_artifact_ids: tuple[str, ...]
+    assembly_ms: float
+    assembler_version: str = ASSEMBLER_VERSION
+
+
+@dataclass(frozen=True)
+class _Round:
+    assistant: int
+    tools: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        return self.tools[-1] if self.tools else self.assistant
+
+
+def _rounds(messages: Sequence[Mapping[str, Any]]) -> list[_Round]:
+    rounds: list[_Round] = []
+    i = 0
+    while i < len(messages):
+        if messages[i].get("role") == "assistant" and messages[i].get("tool_calls"):
+            j = i + 1
+            while j < len(messages) and messages[j].get("role") == "tool":
+                j += 1
+            rounds.append(_Round(assistant=i, tools=tuple(range(i + 1, j))))
+            i = j
+        else:
+            i += 1
+    return rounds
+
+
+def _argument(arguments: str | None, path: str) -> str | None:
+    """The value at `arguments.x.y` of a call's JSON arguments, canonicalised."""
+    try:
+        value: Any = json.loads(arguments or "")
+    except ValueError:
+        return None
+    for key in path.split(".")[1:]:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return json.dumps(value, sort_keys=True)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+class _Assembly:
+    """The working state of one assembly; `assemble` is the only entry point."""
+
+    def __init__(self, policy: Policy, messages: Sequence[Mapping[str, Any]], records: Records,
+                 now: float, provider: str, encoding: str) -> None:
+        self.policy, self.c = policy, policy.compaction
+        self.messages, self.records = messages, records
+        self.now, self.provider, self.encoding = now, provider, encoding
+        self.rounds = _rounds(messages)
+        self.tokens = [message_tokens(m, encoding) for m in messages]
+        self.round_of: dict[int, int] = {}
+        for number, rnd in enumerate(self.rounds, start=1):
+            for index in (rnd.assistant, *rnd.tools):
+                self.round_of[index] = number
+        self._memory_cache: dict[tuple[int, str | None], tuple[str, int]] = {}
+        self._index_later_results()
+
+    # -- facts about one tool message, as of a snapshot (rounds <= upto) ---------
+
+    def rule(self, index: int) -> ToolRule:
+        view = self.records.artifacts.get(index)
+        return self.policy.rule_for(view.tool_name if view else None)
+
+    def _index_later_results(self) -> None:
+        """For each result, the nearest later ok result that supersedes it, and that retries it."""
+        self.superseder: dict[int, int] = {}
+        self.retried_at: dict[int, int] = {}
+        latest_by_key: dict[tuple[str, str], int] = {}
+        latest_by_call: dict[tuple[str | None, str | None], int] = {}
+        for index in sorted(self.records.artifacts, reverse=True):
+            view, rule = self.records.artifacts[index], self.rule(index)
+            key = _argument(view.arguments, rule.supersede_on) if rule.supersede_on else None
+            keyed = (rule.supersede_on, key) if rule.supersede_on and key is not None else None
+            if keyed and keyed in latest_by_key:
+                self.superseder[index] = latest_by_key[keyed]
+            if view.status == "error":
+                retries = [latest_by_call.get((view.tool_name, view.arguments))]
+                if keyed:
+                    retries.append(latest_by_key.get(keyed))
+                found = [r for r in retries if r is not None and self.records.artifacts[r].tool_name == view.tool_name]
+                if found:
+                    self.retried_at[index] = min(found)
+            if view.status == "ok":
+                if keyed:
+                    latest_by_key[keyed] = index
+                latest_by_call[(view.tool_name, view.arguments)] = index
+
+    def _last_index(self, upto: int) -> int:
+        return self.rounds[upto - 1].end if upto else -1
+
+    def superseded_by(self, index: int, upto: int) -> str | None:
+        later = self.superseder.get(index)
+        if later is None or later > self._last_index(upto):
+            return None
+        return self.records.artifacts[later].artifact_id
+
+    def protected(self, index: int, upto: int) -> str | None:
+        """Why a result must stay verbatim (recovery state), as of round `upto`."""
+        view = self.records.artifacts.get(index)
+        if view is None or view.status == "ok":
+            return None
+        if view.status == "pending":
+            return "unresolved"
+        retry = self.retried_at.get(index)
+        if retry is not None and retry <= self._last_index(upto):
+            return None
+        return "failed_not_retried"
+
+    def restricted(self, index: int) -> bool:
+        return not self.policy.privacy.allows(self.provider, self.rule(index).privacy)
+
+    def stale_note(self, index: int) -> str | None:
+        view, rule = self.records.artifacts.get(index), self.rule(index)
+        if view is None or rule.stale_after is None:
+            return None
+        age = self.now - view.observed_at
+        if age <= rule.stale_after:
+            return None
+        refresh = rule.refresh_with or view.tool_name or "the tool"
+        return (f"[STALE: observed {_age(age)} before this request, past its {_age(rule.stale_after)} "
+                f"freshness window ({rule.freshness}); call {refresh} again for current data]")
+
+    def memory(self, index: int, stale: str | None = None) -> tuple[str, int]:
+        key = (index, stale)
+        if key not in self._memory_cache:
+            view = self.records.artifacts[index]
+            text = render_memory(view, self.rule(index), self.c, stale)
+            self._memory_cache[key] = (text, message_tokens({**self.messages[index], "content": text}, self.encoding))
+        return self._memory_cache[key]
+
+    def superseded_notice(self, index: int, replacement: str) -> str:
+        view = self.records.artifacts[index]
+        return f"[superseded tool result artifact:{view.artifact_id}: replaced by artifact:{replacement}]"
+
+    def saving(self, index: int, upto: int) -> int:
+        """Tokens saved by rendering this result as of round `upto` instead of verbatim."""
+        view, rule = self.records.artifacts.get(index), self.rule(index)
+        if view is None or not rule.compact or self.restricted(index):
+            return 0
+        if (replacement := self.superseded_by(index, upto)) is not None:
+            notice = self.superseded_notice(index, replacement)
+            return max(0, self.tokens[index] - message_tokens({**self.messages[index], "content": notice}, self.encoding))
+        if self.protected(index, upto):
+            return 0
+        if self.tokens[index] < (rule.min_tokens if rule.min_tokens is not None else self.c.min_tokens):
+            return 0
+        return max(0, self.tokens[index] - self.memory(index)[1])
+
+    # -- epochs ---------------------------------------------------------------
+
+    def _pays(self, saving: int, resent: int, rounds_so_far: int) -> bool:
+        """Whether reading `saving` fewer tokens on later turns outweighs re-sending `resent` once."""
+        c = self.c
+        later_turns = c.horizon * rounds_so_far
+        return saving * c.cache_read_price * later_turns >= resent * (c.cache_write_price - c.cache_read_price)
+
+    def epochs(self) -> tuple[int, int, dict[int, int]]:
+        """(boundary, epoch_round, rendered_as_of).
+
+        Replays the conversation's history of requests, one per completed round t:
+        the boundary moves past rounds that left the verbatim window when the
+        un-compacted tail is past `trigger_tokens` and the move pays for itself
+        (it saves at least `clear_at_least_tokens`, and what it saves on later
+        turns outweighs what it makes the provider read afresh). A compacted
+        round is rendered as of the round count in `rendered_as_of`; it is
+        re-rendered with later knowledge (a newer read superseding it, a retry
+        resolving its failure) only when that refresh pays for itself too.
+        Between moves every rendering is unchanged, so each request extends the
+        previous one and the provider's prefix cache keeps hitting.
+        """
+        keep = self.c.keep_recent_rounds
+        boundary, epoch_round = 0, 0
+        as_of: dict[int, int] = {}
+        for t in range(1, len(self.rounds) + 1):
+            previous_end = self.rounds[t - 2].end if t >= 2 else -1
+            # 1. refresh what is compacted already, if newer knowledge saves enough
+            gains = {}
+            for number in range(1, boundary + 1):
+                for i in self.rounds[number - 1].tools:
+                    gain = self.saving(i, t) - self.saving(i, as_of[number])
+                    if gain:
+                        gains[i] = gain
+            if gains and sum(gains.values()) > 0:
+                first = min(gains)
+                resent = sum(self.tokens[first : previous_end + 1]) - sum(
+                    self.saving(i, t) for i in range(first, previous_end + 1) if i in self.records.artifacts
+                    and self.round_of.get(i, 0) <= boundary
+                )
+                if self._pays(sum(gains.values()), max(0, resent), t):
+                    for number in range(1, boundary + 1):
+                        as_of[number] = t
+            # 2. move the boundary past the rounds that left the verbatim window
+            eligible = t - keep
+            if eligible <= boundary:
+                continue
+            start = self.rounds[boundary].assistant
+            tail = sum(self.tokens[start : self.rounds[t - 1].end + 1])
+            if tail < self.c.trigger_tokens:
+                continue
+            savings = {i: self.saving(i, t) for rnd in self.rounds[boundary:eligible] for i in rnd.tools}
+            saving = sum(savings.values())
+            changed = [i for i, v in savings.items() if v > 0]
+            # Round t is new to the provider either way; the move makes it read
+            # afresh what follows the first message it changes, up to round t-1.
+            resent = sum(self.tokens[changed[0] : previous_end + 1]) - saving if changed else 0
+            if saving >= max(1, self.c.clear_at_least_tokens) and self._pays(saving, resent, t):
+                for number in range(boundary + 1, eligible + 1):
+                    as_of[number] = t
+                boundary, epoch_round = eligible, t
+        return boundary, epoch_round, as_of
+
+
+def assemble(
+    policy: Policy,
+    messages: Sequence[Mapping[str, Any]],
+    records: Records,
+    now: float,
+    *,
+    provider: str = "openai",
+    encoding: str = DEFAULT_ENCODING,
+) -> Projection:
+    started = time.perf_counter()
+    state = _Assembly(policy, messages, records, now, provider, encoding)
+    out: list[dict[str, Any]] = [dict(m) for m in messages]
+    decisions: dict[int, Decision] = {}
+    omissions: Counter[str] = Counter()
+    compacted: list[str] = []
+    boundary, epoch_round, as_of = state.epochs() if policy.enabled else (0, 0, {})
+    latest = {i for rnd in state.rounds[-policy.compaction.keep_recent_rounds :] for i in (rnd.assistant, *rnd.tools)}
+
+    def decide(index: int, action: str, reason: str, content: Any = None, artifact: str | None = None) -> None:
+        if content is not None:
+            out[index] = {**out[index], "content": content}
+        after = message_tokens(out[index], encoding) if content is not None else state.tokens[index]
+        decisions[index] = Decision(index, str(messages[index].get("role")), action, reason, artifact,
+                                    state.tokens[index], after)
+
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        view = records.artifacts.get(index)
+        if not policy.enabled or role != "tool" or view is None:
+            continue
+        rnd = state.round_of.get(index, 0)
+        if state.restricted(index):
+            privacy = state.rule(index).privacy
+            decide(index, "withheld", f"restricted:{privacy}",
+                   render_notice(view, f"{privacy} content not sent to provider {provider}"), view.artifact_id)
+            omissions["restricted"] += 1
+            continue
+        if index in latest:
+            continue
+        stale = state.stale_note(index)
+        in_epoch = rnd <= boundary
+        snapshot = as_of.get(rnd, len(state.rounds))
+        if in_epoch and (replacement := state.superseded_by(index, snapshot)):
+            decide(index, "superseded", f"superseded_by:{replacement}",
+                   state.superseded_notice(index, replacement), view.artifact_id)
+            omissions["superseded"] += 1
+            continue
+        if (why := state.protected(index, snapshot)) and not stale:
+            decide(index, "protected", why, artifact=view.artifact_id)
+            continue
+        if stale:
+            text, _ = state.memory(index, stale)
+            decide(index, "stale", "stale", text, view.artifact_id)
+            compacted.append(view.artifact_id)
+            continue
+        if in_epoch and state.saving(index, snapshot) > 0:
+            text, _ = state.memory(index)
+            decide(index, "compacted", f"epoch:{epoch_round}", text, view.artifact_id)
+            compacted.append(view.artifact_id)
+
+    if policy.enabled:
+        for rnd in state.rounds[:boundary]:
+            _compact_call_arguments(state, rnd.assistant, out, decisions, compacted)
+    projection_messages = out
+    if policy.budget.max_prompt_tokens is not None:
+        projection_messages = _fit_budget(state, out, decisions, omissions, latest)
+    if records.sibling_artifacts:
+        omissions["sibling_branch"] += records.sibling_artifacts
+    for index, message in enumerate(messages):
+        if index not in decisions:
+            decisions[index] = Decision(index, str(message.get("role")), "verbatim", "kept", None,
+                                        state.tokens[index], state.tokens[index])
+    forwarded = sum(message_tokens(m, encoding) for m in projection_messages)
+    return Projection(
+        messages=projection_messages,
+        decisions=tuple(decisions[i] for i in range(len(messages))),
+        omissions=dict(sorted(omissions.items())),
+        tokens_original=sum(state.tokens),
+        tokens_forwarded=forwarded,
+        policy_name=policy.name,
+        policy_version=policy.version_label,
+        boundary_round=boundary,
+        epoch_round=epoch_round,
+        compacted_artifact_ids=tuple(compacted),
+        assembly_ms=(time.perf_counter() - started) * 1000,
+    )
+
+
+def _compact_call_arguments(state: _Assembly, index: int, out: list[dict[str, Any]],
+                            decisions: dict[int, Decision], compacted: list[str]) -> None:
+    message = out[index]
+    calls = []
+    changed = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or ""
+        ref = state.records.argument_refs.get((index, call.get("id")))
+        if ref and count_text(arguments, state.encoding) >= state.c.argument_min_tokens:
+            new = compact_arguments(arguments, ref, state.c, min_chars=state.c.max_line_chars)
+            if len(new) < len(arguments):
+                call = {**call, "function": {**function, "arguments": new}}
+                changed.append(ref)
+        calls.append(call)
+    if changed:
+        out[index] = {**message, "tool_calls": calls}
+        decisions[index] = Decision(index, "assistant", "arguments_compacted", "epoch", changed[0],
+                                    state.tokens[index], message_tokens(out[index], state.encoding))
+        compacted.extend(changed)
+
+
+def _fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
+                omissions: Counter[str], latest: set[int]) -> list[dict[str, Any]]:
+    budget = state.policy.budget.max_prompt_tokens
+    assert budget is not None
+    tokens = [message_tokens(m, state.encoding) for m in out]
+    if sum(tokens) <= budget:
+        return out
+    last_round = {i for rnd in state.rounds[-1:] for i in (rnd.assistant, *rnd.tools)}
+    # 1. compact every old result that may be compacted, epochs notwithstanding
+    for index, message in enumerate(state.messages):
+        view = state.records.artifacts.get(index)
+        if message.get("role") != "tool" or view is None or index in last_round:
+            continue
+        if index in decisions and decisions[index].action != "verbatim" or not state.rule(index).compact:
+            continue
+        if state.protected(index, len(state.rounds)):
+            continue
+        text, after = state.memory(index)
+        if after < tokens[index]:
+            out[index] = {**out[index], "content": text}
+            decisions[index] = Decision(index, "tool", "compacted", "over_budget", view.artifact_id,
+                                        state.tokens[index], after)
+            tokens[index] = after
+    if sum(tokens) <= budget:
+        return out
+    # 2. drop the oldest droppable units: assistant prose, or whole tool rounds
+    dropped: set[int] = set()
+    units: list[tuple[int, ...]] = []
+    for index, message in enumerate(state.messages):
+        if message.get("role") == "assistant" and not message.get("tool_calls") and index not in latest:
+            units.append((index,))
+    for rnd in state.rounds:
+        members = (rnd.assistant, *rnd.tools)
+        if rnd.assistant in last_round:
+            continue
+        if any(state.protected(i, len(state.rounds)) for i in rnd.tools):
+            continue
+        units.append(members)
+    units.sort()
+    total = sum(tokens)
+    for unit in units:
+        if total <= budget:
+            break
+        for index in unit:
+            dropped.add(index)
+            total -= tokens[index]
+            decisions[index] = Decision(index, str(state.messages[index].get("role")), "omitted", "over_budget",
+                                        decisions[index].artifact_id if index in decisions else None,
+                                        state.tokens[index], 0)
+        omissions["over_budget"] += len(unit)
+    if total > budget:
+        raise ContextBudgetExceeded(total, budget)
+    return [m for i, m in enumerate(out) if i not in dropped]

@@ -1,0 +1,177 @@
+"""The policy schema: how a tenant's transcripts are projected.
+
+A policy is data (YAML in a file, or a built-in preset) validated here. Its
+`version` is the declared number plus a fingerprint of the whole content, so
+any change, even one whose author forgot to bump the number, gives a new
+version; the version goes into every assembly record.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from functools import cached_property
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from policies.validation import field_path
+
+SCHEMA_VERSION = 1
+Freshness = Literal["volatile", "session", "bounded", "durable", "permanent"]
+Extractor = Literal["auto", "text", "json", "error", "listing"]
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used, with its source and the field at fault."""
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        self.source, self.field, self.problem = source, field, problem
+        super().__init__(f"{source}: {field}: {problem}" if field else f"{source}: {problem}")
+
+
+def parse_duration(value: Any) -> int | None:
+    """Seconds from an int or a string like '15m', '2h', '30s', '7d'."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("a duration is seconds or a string like '15m'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("a duration must be positive")
+        return value
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a duration (use seconds or e.g. '30s', '15m', '2h', '7d')")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolRule(_Strict):
+    """How results of the tools whose names match `match` are treated."""
+
+    match: list[str] = Field(min_length=1)  # fnmatch globs on the tool name
+    freshness: Freshness = "session"
+    stale_after: int | None = None  # seconds; '15m' etc. accepted
+    refresh_with: str | None = None  # the tool that refreshes it (default: the same tool)
+    privacy: str = "internal"
+    supersede_on: str | None = None  # e.g. "arguments.path": a later result with the same value replaces this one
+    extractor: Extractor = "auto"
+    min_tokens: int | None = Field(None, ge=0)
+    compact: bool = True  # False: always forwarded exact
+    visibility: Literal["participant", "conversation"] = "conversation"
+
+    @field_validator("match", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stale_after", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> int | None:
+        return parse_duration(value)
+
+    @field_validator("supersede_on")
+    @classmethod
+    def _supersede_path(cls, value: str | None) -> str | None:
+        if value is not None and not (value == "arguments" or value.startswith("arguments.")):
+            raise ValueError("supersede_on names the call's arguments, e.g. 'arguments.path'")
+        return value
+
+    def matches(self, tool_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.match)
+
+
+class Compaction(_Strict):
+    keep_recent_rounds: int = Field(2, ge=1)  # tool rounds at the end that stay verbatim
+    trigger_tokens: int = Field(8000, ge=0)  # un-compacted tail needed before an epoch advances
+    clear_at_least_tokens: int = Field(2000, ge=0)  # each epoch must save at least this much
+    min_tokens: int = Field(200, ge=0)  # smaller tool results stay verbatim
+    argument_min_tokens: int = Field(300, ge=0)  # larger call arguments in old rounds are compacted
+    # Cache-aware epochs: a move must pay for itself. It makes the provider read
+    # `resent` tokens afresh once (write price instead of read price) and saves
+    # `saving` tokens on each later turn (at read price). Later turns are taken
+    # to number `horizon` times the rounds so far.
+    cache_read_price: float = Field(0.1, ge=0)
+    cache_write_price: float = Field(1.25, ge=0)
+    horizon: float = Field(1.0, ge=0)
+    head_chars: int = Field(480, ge=0)  # excerpt of a compacted result: its opening ...
+    tail_chars: int = Field(240, ge=0)  # ... and its end
+    max_line_chars: int = Field(160, ge=20)
+    error_max_chars: int = Field(2000, ge=0)  # errors are kept whole up to this
+
+
+class Budget(_Strict):
+    max_prompt_tokens: int | None = Field(None, gt=0)
+
+
+class Privacy(_Strict):
+    """Which privacy classes each provider may receive raw (`*` globs on the provider name)."""
+
+    providers: dict[str, list[str]] = Field(default_factory=lambda: {"*": ["public", "internal"]})
+
+    def allows(self, provider: str, privacy_class: str) -> bool:
+        for pattern, classes in self.providers.items():
+            if fnmatch.fnmatchcase(provider, pattern):
+                return privacy_class in classes
+        return False
+
+
+class Rehydration(_Strict):
+    tool_name: str = Field("gateway_rehydrate", pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+    max_bytes: int = Field(256 * 1024, gt=0)
+    max_tokens: int = Field(16000, gt=0)
+    max_rounds: int = Field(3, ge=0)
+
+
+class Policy(_Strict):
+    schema_version: Literal[1] = 1
+    name: str = Field(min_length=1)
+    version: int = Field(1, ge=1)
+    description: str = ""
+    enabled: bool = True  # False: forward the transcript unchanged (still captured and recorded)
+    compaction: Compaction = Compaction()
+    budget: Budget = Budget()
+    privacy: Privacy = Privacy()
+    rehydration: Rehydration = Rehydration()
+    tools: list[ToolRule] = Field(default_factory=list)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    @property
+    def version_label(self) -> str:
+        """`v<version>-<fingerprint>`: changes with any change of the policy."""
+        return f"v{self.version}-{self.fingerprint}"
+
+    def rule_for(self, tool_name: str | None) -> ToolRule:
+        for rule in self.tools:
+            if tool_name is not None and rule.matches(tool_name):
+                return rule
+        return _DEFAULT_RULE
+
+
+_DEFAULT_RULE = ToolRule(match=["*"])
+
+
+def policy_from_mapping(raw: Mapping[str, Any], source: str) -> Policy:
+    if not isinstance(raw, Mapping):
+        raise PolicyError(source, "", "a policy is a mapping")
+    try:
+        return Policy.model_validate(dict(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif first["type"] == "missing":
+            message = "required field is missing"
+        raise PolicyError(source, field_path(tuple(first["loc"])), message) from exc
