@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
-from gateway.config import ConfigError, load_settings
+from gateway.config import ConfigError, load_settings, policy_file
+from policies.presets import PRESET_NAMES, preset
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -32,6 +35,29 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from gateway.replay import CachePrices, load_trace, replay_trace, totals, format_table
+
+    if args.policy in PRESET_NAMES:
+        policy = preset(args.policy)
+    else:
+        policy = policy_file(Path(args.policy))
+    prices = CachePrices(read=args.cache_read, write=args.cache_write)
+    rows = []
+    for trace_path in args.traces:
+        report = replay_trace(policy, load_trace(trace_path), Path(trace_path).name, tenant=args.tenant)
+        rows.append(report.summary(prices))
+    total = totals(rows)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        print(json.dumps({"TOTAL": True, **total}))
+    else:
+        print(f"policy {policy.name} {policy.version_label}; cache prices read {prices.read}x, write {prices.write}x")
+        print(format_table(rows, total))
+    return 1 if total["protocol_violations"] or total["latest_round_lost"] or total["user_system_lost"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Context gateway for tool-using agents")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -43,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file without serving")
     check.add_argument("path")
     check.set_defaults(run=_check_config)
+    replay = sub.add_parser("replay", help="run agent traces through the assembler offline and print the figures")
+    replay.add_argument("traces", nargs="+", help="trace files (JSON or JSONL with a `messages` list)")
+    replay.add_argument("--policy", default="default", help=f"a preset ({', '.join(PRESET_NAMES)}) or a YAML policy file")
+    replay.add_argument("--cache-read", type=float, default=0.1, help="price of a cached input token (default 0.1)")
+    replay.add_argument("--cache-write", type=float, default=1.25, help="price of an uncached input token (default 1.25)")
+    replay.add_argument("--json", action="store_true", help="one JSON object per trace, then the totals")
+    replay.add_argument("--tenant", default="replay",
+                        help="tenant the ids are derived for (use the gateway's to compare with it exactly)")
+    replay.set_defaults(run=_replay)
     return parser
 
 

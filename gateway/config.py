@@ -210,6 +210,14 @@ def _read_yaml(file: Path) -> Any:
         raise ConfigError(file, where, f"not valid YAML ({getattr(exc, 'problem', exc)})") from exc
 
 
+def policy_file(file: Path) -> Policy:
+    """A YAML policy file; errors name the file and the field."""
+    try:
+        return policy_from_mapping(_read_yaml(file), str(file))
+    except PolicyError as exc:
+        raise ConfigError(exc.source, exc.field, exc.problem) from exc
+
+
 def load_policy(reference: str, settings: Settings, field: str) -> Policy:
     """A preset by name, or a YAML policy file (relative to the config file)."""
     if reference in PRESET_NAMES:
@@ -220,10 +228,7 @@ def load_policy(reference: str, settings: Settings, field: str) -> Policy:
             settings.source, field,
             f"{reference!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a policy file",
         )
-    try:
-        return policy_from_mapping(_read_yaml(file), str(file))
-    except PolicyError as exc:
-        raise ConfigError(exc.source, exc.field, exc.problem) from exc
+    return policy_file(file)
 
 
 def tenant_policies(settings: Settings) -> dict[str, Policy]:

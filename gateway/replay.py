@@ -160,14 +160,16 @@ def replay_trace(
     trace: Mapping[str, Any],
     name: str,
     *,
+    tenant: str = REPLAY_TENANT,
     on_projection: Callable[[list[dict[str, Any]], Projection], None] | None = None,
 ) -> TraceReport:
+    """Project each turn of `trace` as the gateway would for `tenant` (ids depend on the tenant)."""
     messages, turns = trace_turns(trace)
     report = TraceReport(name=name, tool_calls=sum(len(m.get("tool_calls") or []) for m in messages))
     previous: list[dict[str, Any]] | None = None
     for i in turns:
         request = messages[:i]
-        path = message_path(REPLAY_TENANT, request)
+        path = message_path(tenant, request)
         projection = assemble(policy, request, records_for_path(path, now=0.0), now=0.0)
         if on_projection is not None:
             on_projection(request, projection)
