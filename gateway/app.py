@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,10 +26,10 @@ from storage.records import RecordStore
 log = logging.getLogger("gateway")
 
 
-def build_store(settings: Settings) -> RecordStore:
+def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> RecordStore:
     engine = make_engine(settings.storage_url())
     blobs = DirectoryBlobStore(settings.resolve_path(settings.storage.blob_dir))
-    return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes)
+    return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes, clock=clock)
 
 
 def default_upstream() -> UpstreamClient:
@@ -46,11 +47,12 @@ def create_app(
     *,
     upstream: UpstreamClient | None = None,
     store: RecordStore | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store = store is None
-        record_store = store or build_store(settings)
+        record_store = store or build_store(settings, clock)
         await run_in_threadpool(record_store.create_schema)
         app.state.services = Services(
             settings=settings,
@@ -58,6 +60,7 @@ def create_app(
             upstream=upstream or default_upstream(),
             keyring=KeyRing(settings),
             policies=tenant_policies(settings),
+            clock=clock,
         )
         try:
             yield

@@ -116,7 +116,9 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
     ingest = await run_in_threadpool(services.store.ingest, path, run)
     ingest_ms = (time.perf_counter() - started) * 1000
     try:
-        projection = await run_in_threadpool(project, services.policies[tenant.id], model, path, ingest)
+        projection = await run_in_threadpool(
+            project, services.policies[tenant.id], model, path, ingest, services.clock()
+        )
     except GatewayError as error:
         await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started))
         raise

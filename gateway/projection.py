@@ -1,8 +1,6 @@
 """Between ingest and forward: the tenant's policy applied to the request path."""
 from __future__ import annotations
 
-import time
-
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
 from policies import assembler
@@ -14,9 +12,10 @@ from policies.transcript import PathNode
 from storage.records import AssemblyRecord, IngestResult
 
 
-def project(policy: Policy, model: ModelSettings, path: list[PathNode], ingest: IngestResult) -> Projection:
-    """The projection of `path` for `model` under `policy`; raises ContextBudgetExceeded."""
-    now = time.time()
+def project(
+    policy: Policy, model: ModelSettings, path: list[PathNode], ingest: IngestResult, now: float
+) -> Projection:
+    """The projection of `path` for `model` under `policy` at `now`; raises ContextBudgetExceeded."""
     encoding = encoding_for_model(str(model.litellm_params["model"]))
     records = records_for_path(
         path,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Callable
 
 from fastapi import Depends, Request
 
@@ -20,6 +20,7 @@ class Services:
     upstream: UpstreamClient
     keyring: KeyRing
     policies: dict[str, Policy]  # by tenant id
+    clock: Callable[[], float]  # unix seconds; tests move time forward
 
 
 def get_services(request: Request) -> Services:

@@ -267,6 +267,8 @@ class _Assembly:
             gains = {}
             for number in range(1, boundary + 1):
                 for i in self.rounds[number - 1].tools:
+                    if self.superseded_by(i, t):
+                        continue  # superseded results are replaced whatever the epoch
                     gain = self.saving(i, t) - self.saving(i, as_of[number])
                     if gain:
                         gains[i] = gain
@@ -342,7 +344,8 @@ def assemble(
         stale = state.stale_note(index)
         in_epoch = rnd <= boundary
         snapshot = as_of.get(rnd, len(state.rounds))
-        if in_epoch and (replacement := state.superseded_by(index, snapshot)):
+        if replacement := state.superseded_by(index, len(state.rounds)):
+            # Correctness, not economy: an older observation never passes for current.
             decide(index, "superseded", f"superseded_by:{replacement}",
                    state.superseded_notice(index, replacement), view.artifact_id)
             omissions["superseded"] += 1

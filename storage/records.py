@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -277,11 +278,16 @@ class RecordStore:
         blobs: DirectoryBlobStore,
         *,
         inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.engine = engine
+        self.clock = clock
         self.blobs = blobs
         self.inline_max_bytes = inline_max_bytes
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), timezone.utc)
 
     def create_schema(self) -> None:
         Base.metadata.create_all(self.engine)
@@ -298,7 +304,7 @@ class RecordStore:
             raise ValueError("a request has at least one message")
         tenant = run.tenant
         session_id = path[0].id
-        now = utcnow()
+        now = self._now()
         with Session(self.engine) as session, session.begin():
             existing = self._existing_nodes(session, [n.id for n in path])
             new: list[PathNode] = []
@@ -506,7 +512,7 @@ class RecordStore:
             "cost_usd": outcome.cost_usd,
             "finish_reason": outcome.finish_reason,
             "response_json": canonical_json(outcome.response) if outcome.response else None,
-            "finished_at": utcnow(),
+            "finished_at": self._now(),
         }
         with Session(self.engine) as session, session.begin():
             tenant = session.scalar(
