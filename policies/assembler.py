@@ -319,6 +319,11 @@ def assemble(
     compacted: list[str] = []
     boundary, epoch_round, as_of = state.epochs() if policy.enabled else (0, 0, {})
     latest = {i for rnd in state.rounds[-policy.compaction.keep_recent_rounds :] for i in (rnd.assistant, *rnd.tools)}
+    trailing = set()  # the results the model is answering now: never marked stale
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") != "tool":
+            break
+        trailing.add(index)
 
     def decide(index: int, action: str, reason: str, content: Any = None, artifact: str | None = None) -> None:
         if content is not None:
@@ -339,9 +344,9 @@ def assemble(
                    render_notice(view, f"{privacy} content not sent to provider {provider}"), view.artifact_id)
             omissions["restricted"] += 1
             continue
-        if index in latest:
+        stale = state.stale_note(index) if index not in trailing else None
+        if index in latest and not stale:
             continue
-        stale = state.stale_note(index)
         in_epoch = rnd <= boundary
         snapshot = as_of.get(rnd, len(state.rounds))
         if replacement := state.superseded_by(index, len(state.rounds)):

@@ -117,10 +117,12 @@ class Privacy(_Strict):
     providers: dict[str, list[str]] = Field(default_factory=lambda: {"*": ["public", "internal"]})
 
     def allows(self, provider: str, privacy_class: str) -> bool:
-        for pattern, classes in self.providers.items():
-            if fnmatch.fnmatchcase(provider, pattern):
-                return privacy_class in classes
-        return False
+        """The most specific matching entry decides (an exact name, then the longest pattern)."""
+        matching = [p for p in self.providers if p == provider or fnmatch.fnmatchcase(provider, p)]
+        if not matching:
+            return False
+        best = max(matching, key=lambda p: (p == provider, len(p.replace("*", "").replace("?", ""))))
+        return privacy_class in self.providers[best]
 
 
 class Rehydration(_Strict):
