@@ -19,8 +19,9 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -83,6 +84,32 @@ class Projection:
     assembler_version: str = ASSEMBLER_VERSION
 
 
+class _BoundedCache:
+    """A small LRU for memories: rendering is a pure function of the key, so
+    sharing results between requests changes no output, only the time taken."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        return None
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+_RENDERED = _BoundedCache(8192)
+
+
 @dataclass(frozen=True)
 class _Round:
     assistant: int
@@ -143,13 +170,18 @@ class _Assembly:
             for index in (rnd.assistant, *rnd.tools):
                 self.round_of[index] = number
         self._memory_cache: dict[tuple[int, str | None], tuple[str, int]] = {}
+        self._rules: dict[int, ToolRule] = {}
+        self._restricted: dict[int, bool] = {}
+        self._savings: dict[tuple[int, str | None, str | None], int] = {}
         self._index_later_results()
 
     # -- facts about one tool message, as of a snapshot (rounds <= upto) ---------
 
     def rule(self, index: int) -> ToolRule:
-        view = self.records.artifacts.get(index)
-        return self.policy.rule_for(view.tool_name if view else None)
+        if index not in self._rules:
+            view = self.records.artifacts.get(index)
+            self._rules[index] = self.policy.rule_for(view.tool_name if view else None)
+        return self._rules[index]
 
     def _index_later_results(self) -> None:
         """For each result, the nearest later ok result that supersedes it, and that retries it."""
@@ -197,7 +229,9 @@ class _Assembly:
         return "failed_not_retried"
 
     def restricted(self, index: int) -> bool:
-        return not self.policy.privacy.allows(self.provider, self.rule(index).privacy)
+        if index not in self._restricted:
+            self._restricted[index] = not self.policy.privacy.allows(self.provider, self.rule(index).privacy)
+        return self._restricted[index]
 
     def stale_note(self, index: int) -> str | None:
         view, rule = self.records.artifacts.get(index), self.rule(index)
@@ -214,8 +248,13 @@ class _Assembly:
         key = (index, stale)
         if key not in self._memory_cache:
             view = self.records.artifacts[index]
-            text = render_memory(view, self.rule(index), self.c, stale)
-            self._memory_cache[key] = (text, message_tokens({**self.messages[index], "content": text}, self.encoding))
+            shared_key = (self.policy.fingerprint, self.encoding, view, stale)
+            found = _RENDERED.get(shared_key)
+            if found is None:
+                text = render_memory(view, self.rule(index), self.c, stale)
+                found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding))
+                _RENDERED.put(shared_key, found)
+            self._memory_cache[key] = found
         return self._memory_cache[key]
 
     def superseded_notice(self, index: int, replacement: str) -> str:
@@ -224,6 +263,13 @@ class _Assembly:
 
     def saving(self, index: int, upto: int) -> int:
         """Tokens saved by rendering this result as of round `upto` instead of verbatim."""
+        # It depends on `upto` only through these two facts: memoise on them.
+        key = (index, self.superseded_by(index, upto), self.protected(index, upto))
+        if key not in self._savings:
+            self._savings[key] = self._saving(index, upto)
+        return self._savings[key]
+
+    def _saving(self, index: int, upto: int) -> int:
         view, rule = self.records.artifacts.get(index), self.rule(index)
         if view is None or not rule.compact or self.restricted(index):
             return 0

@@ -46,10 +46,12 @@ def _clip(line: str, limit: int) -> str:
     return f"{line[:limit]}...[+{len(line) - limit} chars]"
 
 
+_LETTER = re.compile(r"[^\W\d_]")
+
+
 def _is_noise(line: str) -> bool:
     """Progress bars, rulers and tables of numbers: lines with almost no words."""
-    letters = sum(1 for ch in line if ch.isalpha())
-    return len(line) >= 12 and letters < 0.25 * len(line)
+    return len(line) >= 12 and len(_LETTER.findall(line)) < 0.25 * len(line)
 
 
 def _take(lines: list[str], budget: int, limit: int) -> list[str]:

@@ -7,8 +7,11 @@ that holds them; LiteLLM ships cl100k_base and o200k_base, so we point there
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
+import threading
+from collections import OrderedDict
 from typing import Any, Mapping
 
 import tiktoken
@@ -45,11 +48,31 @@ def _cached_count(text: str, name: str) -> int:
     return len(encoding(name).encode(text, disallowed_special=()))
 
 
+_LONG_COUNTS: OrderedDict[tuple[bytes, str], int] = OrderedDict()
+_LONG_COUNTS_SIZE = 16384
+_LONG_COUNTS_LOCK = threading.Lock()
+
+
+def _count_long(text: str, name: str) -> int:
+    """Long texts (tool outputs re-sent every turn) are cached by digest: numbers, not texts."""
+    key = (hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(), name)
+    with _LONG_COUNTS_LOCK:
+        if key in _LONG_COUNTS:
+            _LONG_COUNTS.move_to_end(key)
+            return _LONG_COUNTS[key]
+    count = len(encoding(name).encode(text, disallowed_special=()))
+    with _LONG_COUNTS_LOCK:
+        _LONG_COUNTS[key] = count
+        if len(_LONG_COUNTS) > _LONG_COUNTS_SIZE:
+            _LONG_COUNTS.popitem(last=False)
+    return count
+
+
 def count_text(text: str, name: str = DEFAULT_ENCODING) -> int:
     if not text:
         return 0
-    if len(text) > 4096:  # keep the cache for the many short strings
-        return len(encoding(name).encode(text, disallowed_special=()))
+    if len(text) > 4096:
+        return _count_long(text, name)
     return _cached_count(text, name)
 
 
