@@ -95,3 +95,13 @@ def test_check_config_command(tmp_path: Path) -> None:
     failed = subprocess.run([*gateway, "check-config", str(bad)], capture_output=True, text=True, env=env)
     assert failed.returncode == 2
     assert f"{bad}: tenants:" in failed.stderr
+
+
+def test_readme_policy_example_is_valid() -> None:
+    from policies.policy import policy_from_mapping
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Policies", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    policy = policy_from_mapping(yaml.safe_load(block), "README.md")
+    assert policy.name == "support-agent" and policy.rule_for("gmail_send").privacy == "restricted"
+    assert policy.rule_for("get_stock_price").stale_after == 15 * 60
