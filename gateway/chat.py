@@ -14,9 +14,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from gateway import forwarding
 from gateway.chat_request import ChatRequest, parse_chat_request
+from gateway.forwarding import Conversation
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PermissionDenied
 from gateway.projection import assembly_record, project
+from gateway.rehydration import Rehydrator, tool_schema
 from gateway.request_id import request_id_of
 from gateway.services import PrincipalDep, Services, ServicesDep
 from gateway.streaming import SSE_DONE, StreamAccumulator, sse_event
@@ -115,71 +118,90 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
     started = time.perf_counter()
     ingest = await run_in_threadpool(services.store.ingest, path, run)
     ingest_ms = (time.perf_counter() - started) * 1000
+    policy = services.policies[tenant.id]
     try:
-        projection = await run_in_threadpool(
-            project, services.policies[tenant.id], model, path, ingest, services.clock()
+        projection, records = await run_in_threadpool(
+            project, policy, model, path, ingest, services.clock(), run.participant
         )
     except GatewayError as error:
         await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started))
         raise
-    assembly = assembly_record(projection, {"ingest": round(ingest_ms, 3)})
+    assembly = assembly_record(projection, {"ingest": round(ingest_ms, 3)}, run.parent_request_id)
     headers = {
         "x-gateway-tokens-original": str(projection.tokens_original),
         "x-gateway-tokens-forwarded": str(projection.tokens_forwarded),
     }
-    upstream = UpstreamRequest(
-        alias=chat.model,
-        litellm_params=model.litellm_params,
-        body=chat.upstream_body(projection.messages),
-        timeout_seconds=settings.server.upstream_timeout_seconds,
-        request_id=request_id,
+    body = chat.upstream_body(projection.messages)
+    rehydrator = None
+    if projection.names_artifacts and chat.body.get("tools") and policy.rehydration.max_rounds > 0:
+        rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=tenant.id,
+                                participant=run.participant, provider=model.provider_name,
+                                decisions=assembly.decisions)
+        body["tools"] = [*chat.body["tools"], tool_schema(rehydrator.name)]
+    conversation = Conversation(
+        request=UpstreamRequest(
+            alias=chat.model,
+            litellm_params=model.litellm_params,
+            body=body,
+            timeout_seconds=settings.server.upstream_timeout_seconds,
+            request_id=request_id,
+        ),
+        rehydrator=rehydrator,
     )
     started = time.perf_counter()
     if chat.stream:
-        return await _stream(services, chat, upstream, assembly, headers, started)
+        return await _stream(services, chat, conversation, assembly, headers, started)
     try:
-        response = await services.upstream.complete(upstream)
+        response = await forwarding.complete(services.upstream, conversation)
     except GatewayError as error:
-        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started), assembly)
+        await run_in_threadpool(
+            services.store.finish_run, request_id, _error_outcome(error, started), assembly
+        )
         raise
-    await run_in_threadpool(
-        services.store.finish_run, request_id, _outcome(services, upstream, response, started), assembly
-    )
+    outcome = _outcome(services, conversation.request, response, started)
+    await run_in_threadpool(services.store.finish_run, request_id, outcome, assembly)
     return JSONResponse(response, headers=headers)
 
 
 async def _stream(
     services: Services,
     chat: ChatRequest,
-    upstream: UpstreamRequest,
+    conversation: Conversation,
     assembly: AssemblyRecord,
     headers: dict[str, str],
     started: float,
 ) -> StreamingResponse:
-    chunks = services.upstream.stream(upstream).__aiter__()
+    request_id = conversation.request.request_id
+    first_round = services.upstream.stream(conversation.request).__aiter__()
     try:  # an error before the first chunk is an ordinary HTTP error
-        first = await chunks.__anext__()
+        first = await first_round.__anext__()
     except StopAsyncIteration:
         first = None
     except GatewayError as error:
-        await run_in_threadpool(
-            services.store.finish_run, upstream.request_id, _error_outcome(error, started), assembly
-        )
+        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started), assembly)
         raise
+
+    async def replayed_first_round() -> AsyncIterator[dict[str, Any]]:
+        if first is not None:
+            yield first
+            async for chunk in first_round:
+                yield chunk
 
     async def events() -> AsyncIterator[bytes]:
         accumulator = StreamAccumulator()
         outcome: RunOutcome | None = None
         try:
-            chunk = first
-            while chunk is not None:
+            async for chunk, is_usage in forwarding.stream(services.upstream, conversation, replayed_first_round()):
+                if is_usage:
+                    chunk = {"id": accumulator.id, "created": accumulator.created, "model": accumulator.model, **chunk}
+                    accumulator.add(chunk)
+                    if chat.wants_stream_usage:
+                        yield sse_event(chunk)
+                    continue
                 accumulator.add(chunk)
-                event = _client_chunk(chunk, chat.wants_stream_usage)
-                if event is not None:
-                    yield sse_event(event)
-                chunk = await anext(chunks, None)
+                yield sse_event(chunk)
             yield SSE_DONE
-            outcome = _outcome(services, upstream, accumulator.response(), started)
+            outcome = _outcome(services, conversation.request, accumulator.response(), started)
         except GatewayError as error:
             outcome = _error_outcome(error, started)
             yield sse_event(error.body())
@@ -192,24 +214,13 @@ async def _stream(
             raise
         finally:
             if outcome is not None:
-                await asyncio.shield(
-                    run_in_threadpool(services.store.finish_run, upstream.request_id, outcome, assembly)
-                )
+                await asyncio.shield(run_in_threadpool(services.store.finish_run, request_id, outcome, assembly))
 
     return StreamingResponse(
         events(),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
     )
-
-
-def _client_chunk(chunk: dict[str, Any], wants_usage: bool) -> dict[str, Any] | None:
-    """The chunk as the client asked for it: usage only when it set include_usage."""
-    if wants_usage or "usage" not in chunk:
-        return chunk
-    if not chunk.get("choices"):
-        return None  # the usage-only chunk we asked for on the gateway's behalf
-    return {k: v for k, v in chunk.items() if k != "usage"}
 
 
 @router.get("/v1/models")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
 from policies import assembler
-from policies.assembler import Projection, assemble
+from policies.assembler import Projection, Records, assemble
 from policies.path_records import records_for_path
 from policies.policy import Policy
 from policies.tokens import encoding_for_model
@@ -13,9 +13,18 @@ from storage.records import AssemblyRecord, IngestResult
 
 
 def project(
-    policy: Policy, model: ModelSettings, path: list[PathNode], ingest: IngestResult, now: float
-) -> Projection:
-    """The projection of `path` for `model` under `policy` at `now`; raises ContextBudgetExceeded."""
+    policy: Policy,
+    model: ModelSettings,
+    path: list[PathNode],
+    ingest: IngestResult,
+    now: float,
+    participant: str,
+) -> tuple[Projection, Records]:
+    """The projection of `path` for `model` and `participant` under `policy` at `now`.
+
+    Returns the records it was assembled from too (rehydration checks lineage
+    against them). Raises ContextBudgetExceeded.
+    """
     encoding = encoding_for_model(str(model.litellm_params["model"]))
     records = records_for_path(
         path,
@@ -23,19 +32,23 @@ def project(
         observed_at=ingest.observed_at,
         owners=ingest.owners,
         sibling_artifacts=ingest.sibling_artifacts,
+        subagent_results=ingest.subagent_results,
         encoding=encoding,
     )
     try:
-        return assemble(policy, [n.message for n in path], records, now,
-                        provider=model.provider_name, encoding=encoding)
+        projection = assemble(policy, [n.message for n in path], records, now,
+                              provider=model.provider_name, encoding=encoding, participant=participant)
     except assembler.ContextBudgetExceeded as exc:
         raise ContextBudgetExceeded(
             f"Context budget exceeded: {exc}. Shorten the conversation or raise budget.max_prompt_tokens.",
             param="messages",
         ) from exc
+    return projection, records
 
 
-def assembly_record(projection: Projection, timings_ms: dict[str, float]) -> AssemblyRecord:
+def assembly_record(
+    projection: Projection, timings_ms: dict[str, float], parent_request_id: str | None = None
+) -> AssemblyRecord:
     return AssemblyRecord(
         policy_name=projection.policy_name,
         policy_version=projection.policy_version,
@@ -49,4 +62,5 @@ def assembly_record(projection: Projection, timings_ms: dict[str, float]) -> Ass
         decisions=[d.as_dict() for d in projection.decisions],
         omissions=projection.omissions,
         timings_ms={**timings_ms, "assemble": round(projection.assembly_ms, 3)},
+        parent_request_id=parent_request_id,
     )

@@ -19,6 +19,7 @@ class StreamAccumulator:
 
     id: str | None = None
     model: str | None = None
+    created: int | None = None
     content: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -29,6 +30,7 @@ class StreamAccumulator:
         self.chunks += 1
         self.id = self.id or chunk.get("id")
         self.model = self.model or chunk.get("model")
+        self.created = self.created or chunk.get("created")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:

@@ -19,6 +19,7 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -30,6 +31,7 @@ from policies.policy import Policy, ToolRule
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 
 ASSEMBLER_VERSION = "1"
+_REFERENCING = frozenset({"compacted", "stale", "superseded", "withheld", "arguments_compacted"})
 
 
 class ContextBudgetExceeded(Exception):
@@ -48,6 +50,11 @@ class Records:
     artifacts: Mapping[int, ArtifactView]
     argument_refs: Mapping[tuple[int, str], str] = field(default_factory=dict)  # (index, call id) -> artifact id
     sibling_artifacts: int = 0  # artifacts of the same session off this path
+    subagent_results: Mapping[str, str] = field(default_factory=dict)  # sha256 -> tool name, of child runs' results
+
+    def lineage(self) -> set[str]:
+        """Every artifact id this request's path may name: its results and its calls' arguments."""
+        return {v.artifact_id for v in self.artifacts.values()} | set(self.argument_refs.values())
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,11 @@ class Projection:
     compacted_artifact_ids: tuple[str, ...]
     assembly_ms: float
     assembler_version: str = ASSEMBLER_VERSION
+
+    @property
+    def names_artifacts(self) -> bool:
+        """Whether any forwarded message stands in for content by naming `artifact:<id>`."""
+        return any(d.action in _REFERENCING for d in self.decisions)
 
 
 class _BoundedCache:
@@ -356,7 +368,9 @@ def assemble(
     *,
     provider: str = "openai",
     encoding: str = DEFAULT_ENCODING,
+    participant: str | None = None,
 ) -> Projection:
+    """Project `messages` for `participant` (None: whoever owns everything) at `now`."""
     started = time.perf_counter()
     state = _Assembly(policy, messages, records, now, provider, encoding)
     out: list[dict[str, Any]] = [dict(m) for m in messages]
@@ -391,6 +405,24 @@ def assemble(
             omissions["restricted"] += 1
             continue
         stale = state.stale_note(index) if index not in trailing else None
+        if participant is not None and view.owner_participant and view.owner_participant != participant:
+            visibility = state.rule(index).visibility
+            if visibility == "participant":
+                decide(index, "withheld", f"private:{view.owner_participant}",
+                       render_notice(view, "private to another participant"), view.artifact_id)
+                omissions["private"] += 1
+                continue
+            if visibility == "memory":
+                text, _ = state.memory(index)
+                decide(index, "compacted", "other_participant", text, view.artifact_id)
+                compacted.append(view.artifact_id)
+                continue
+        child_tool = records.subagent_results.get(view.sha256)
+        if child_tool is not None and not policy.rule_for(child_tool).promote_to_parent:
+            decide(index, "withheld", "subagent_private",
+                   render_notice(view, "a subagent's private result"), view.artifact_id)
+            omissions["subagent_private"] += 1
+            continue
         if index in latest and not stale:
             continue
         in_epoch = rnd <= boundary
@@ -417,6 +449,7 @@ def assemble(
     if policy.enabled:
         for rnd in state.rounds[:boundary]:
             _compact_call_arguments(state, rnd.assistant, out, decisions, compacted)
+        _rehydrate_named(state, out, decisions, compacted)
     projection_messages = out
     if policy.budget.max_prompt_tokens is not None:
         projection_messages = _fit_budget(state, out, decisions, omissions, latest)
@@ -440,6 +473,37 @@ def assemble(
         compacted_artifact_ids=tuple(compacted),
         assembly_ms=(time.perf_counter() - started) * 1000,
     )
+
+
+_ARTIFACT_ID = re.compile(r"\b(art_[0-9a-f]{20})\b")
+
+
+def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
+                     compacted: list[str]) -> None:
+    """Artifacts the latest user message names by id go back in raw, when allowed and within bounds."""
+    latest_user = next((m for m in reversed(state.messages) if m.get("role") == "user"), None)
+    if latest_user is None:
+        return
+    text = latest_user.get("content")
+    if isinstance(text, list):
+        text = " ".join(p.get("text", "") for p in text if isinstance(p, Mapping))
+    named = set(_ARTIFACT_ID.findall(text or ""))
+    if not named:
+        return
+    bound = state.policy.rehydration
+    for index, view in state.records.artifacts.items():
+        decision = decisions.get(index)
+        if view.artifact_id not in named or decision is None:
+            continue
+        if decision.action not in ("compacted", "stale", "superseded"):
+            continue  # withheld stays withheld; verbatim is raw already
+        if view.tokens > bound.max_tokens or len(view.content.encode("utf-8", "surrogatepass")) > bound.max_bytes:
+            continue
+        out[index] = {**out[index], "content": state.messages[index].get("content")}
+        decisions[index] = Decision(index, "tool", "rehydrated", "named_by_user", view.artifact_id,
+                                    state.tokens[index], state.tokens[index])
+        if view.artifact_id in compacted:
+            compacted.remove(view.artifact_id)
 
 
 def _compact_call_arguments(state: _Assembly, index: int, out: list[dict[str, Any]],

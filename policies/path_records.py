@@ -24,6 +24,7 @@ def records_for_path(
     observed_at: Mapping[str, float] | None = None,
     owners: Mapping[str, str] | None = None,
     sibling_artifacts: int = 0,
+    subagent_results: Mapping[str, str] | None = None,
     encoding: str = DEFAULT_ENCODING,
 ) -> Records:
     artifacts: dict[int, ArtifactView] = {}
@@ -55,4 +56,5 @@ def records_for_path(
                 observed_at=(observed_at or {}).get(artifact_id, now),
                 owner_participant=(owners or {}).get(artifact_id, ""),
             )
-    return Records(artifacts=artifacts, argument_refs=argument_refs, sibling_artifacts=sibling_artifacts)
+    return Records(artifacts=artifacts, argument_refs=argument_refs, sibling_artifacts=sibling_artifacts,
+                   subagent_results=dict(subagent_results or {}))

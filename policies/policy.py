@@ -65,7 +65,10 @@ class ToolRule(_Strict):
     extractor: Extractor = "auto"
     min_tokens: int | None = Field(None, ge=0)
     compact: bool = True  # False: always forwarded exact
-    visibility: Literal["participant", "conversation"] = "conversation"
+    # Who else sees a result: everyone in the conversation as usual; other
+    # participants only as a memory; or only the participant that produced it.
+    visibility: Literal["conversation", "memory", "participant"] = "conversation"
+    promote_to_parent: bool = False  # a subagent's result of this tool may reach its parent
 
     @field_validator("match", mode="before")
     @classmethod

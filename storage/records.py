@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from policies.tokens import count_text
 from policies.tool_status import tool_result_status
@@ -80,6 +80,7 @@ class IngestResult:
     observed_at: Mapping[str, float]  # artifact id -> unix seconds it was first captured
     owners: Mapping[str, str]  # artifact id -> participant that produced it
     sibling_artifacts: int  # artifacts of the session that are not on this path
+    subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this session
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,10 @@ class AssemblyRecord:
     messages_forwarded: int
     boundary_round: int
     epoch_round: int
-    decisions: list[dict[str, Any]]
+    decisions: list[dict[str, Any]]  # one per message; rehydrations are appended as they happen
     omissions: dict[str, int]
     timings_ms: dict[str, float]
+    parent_request_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -109,7 +111,9 @@ class AssemblyRecord:
             "epoch": {"boundary_round": self.boundary_round, "epoch_round": self.epoch_round},
             "omissions": self.omissions,
             "decisions": self.decisions,
+            "rehydrations": sum(1 for d in self.decisions if d["action"] == "rehydrated"),
             "timings_ms": self.timings_ms,
+            "links": {"parent_request_id": self.parent_request_id},
         }
 
 
@@ -248,6 +252,7 @@ def _assembly_row(request_id: str, tenant: str, record: AssemblyRecord) -> Conte
         decisions_json=json.dumps(record.decisions, separators=(",", ":")),
         omissions_json=json.dumps(record.omissions, separators=(",", ":")),
         timings_json=json.dumps(record.timings_ms, separators=(",", ":")),
+        parent_request_id=record.parent_request_id,
         created_at=utcnow(),
     )
 
@@ -266,6 +271,7 @@ def _assembly_record(row: ContextAssembly) -> AssemblyRecord:
         decisions=json.loads(row.decisions_json),
         omissions=json.loads(row.omissions_json),
         timings_ms=json.loads(row.timings_json),
+        parent_request_id=row.parent_request_id,
     )
 
 
@@ -309,11 +315,13 @@ class RecordStore:
             existing = self._existing_nodes(session, [n.id for n in path])
             new: list[PathNode] = []
             node_rows, call_rows, artifact_rows = [], [], []
-            open_calls: dict[str, tuple[str, Mapping[str, Any]]] = {}
+            # call id -> (assistant node, call, author): a result belongs to whoever made the call
+            open_calls: dict[str, tuple[str, Mapping[str, Any], str | None]] = {}
             for node in path:
                 if node.message.get("role") == "assistant":
+                    author = node.message.get("name")
                     open_calls = {
-                        str(c.get("id")): (node.id, c) for c in node.message.get("tool_calls") or []
+                        str(c.get("id")): (node.id, c, author) for c in node.message.get("tool_calls") or []
                     }
                 if node.id in existing:
                     continue
@@ -331,6 +339,7 @@ class RecordStore:
             in_session = session.scalar(
                 select(func.count()).select_from(ToolArtifact).where(ToolArtifact.session_id == session_id)
             )
+            subagent_results = self._subagent_results(session, tenant, session_id, run.parent_request_id)
             session.add(
                 ModelRun(
                     id=run.request_id,
@@ -356,7 +365,24 @@ class RecordStore:
             observed_at=observed,
             owners=owners,
             sibling_artifacts=max(0, int(in_session or 0) - len(path_artifacts)),
+            subagent_results=subagent_results,
         )
+
+    def _subagent_results(
+        self, session: Session, tenant: str, session_id: str, own_parent: str | None
+    ) -> dict[str, str]:
+        """Results captured by subagent runs whose parent run belongs to this session."""
+        child = aliased(ModelRun)
+        parent = aliased(ModelRun)
+        query = (
+            select(ToolArtifact.sha256, ToolArtifact.tool_name)
+            .join(child, ToolArtifact.captured_by_request == child.id)
+            .join(parent, child.parent_request_id == parent.id)
+            .where(ToolArtifact.tenant == tenant, parent.session_id == session_id)
+        )
+        if own_parent is not None:  # a subagent's own results are not private from itself
+            query = query.where(child.parent_request_id != own_parent)
+        return {sha: name or "" for sha, name in session.execute(query)}
 
     def _artifact_facts(
         self, session: Session, artifact_ids: list[str]
@@ -386,7 +412,7 @@ class RecordStore:
         tenant: str,
         session_id: str,
         node: PathNode,
-        calls: Mapping[str, tuple[str, Mapping[str, Any]]],
+        calls: Mapping[str, tuple[str, Mapping[str, Any], str | None]],
         run: RunStart,
         now: datetime,
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -418,14 +444,14 @@ class RecordStore:
         session_id: str,
         node: PathNode,
         artifact_id: str,
-        calls: Mapping[str, tuple[str, Mapping[str, Any]]],
+        calls: Mapping[str, tuple[str, Mapping[str, Any], str | None]],
         run: RunStart,
         now: datetime,
     ) -> dict[str, Any]:
         raw, content_type = tool_result_bytes(node.message.get("content"))
         text_content = raw.decode("utf-8", "replace")
         call_id = str(node.message.get("tool_call_id") or "")
-        call_node_id, call = calls.get(call_id, (None, {}))
+        call_node_id, call, author = calls.get(call_id, (None, {}, None))
         function = call.get("function") or {}
         blob_key = None
         inline: bytes | None = raw
@@ -448,7 +474,7 @@ class RecordStore:
             "content_type": content_type,
             "content": inline,
             "blob_key": blob_key,
-            "owner_participant": run.participant,
+            "owner_participant": author or run.participant,
             "privacy_class": None,
             "freshness_class": None,
             "captured_by_request": run.request_id,

@@ -137,4 +137,5 @@ class ContextAssembly(Base):
     decisions_json: Mapped[str] = mapped_column(Text)
     omissions_json: Mapped[str] = mapped_column(Text)
     timings_json: Mapped[str] = mapped_column(Text)
+    parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

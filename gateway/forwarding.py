@@ -1,0 +1,199 @@
+"""Calling the upstream for one request, including the rounds the client never sees.
+
+When the model calls the rehydration tool, the gateway answers the call,
+appends the call and its answer, and asks the model again (up to the
+policy's bound). The client receives only the final answer, as JSON or as
+one SSE stream: content streams through as it arrives; tool-call deltas are
+held until the round ends, because a round that calls the rehydration tool is
+dropped whole, client calls included. Usage of all rounds is summed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator
+
+from starlette.concurrency import run_in_threadpool
+
+from gateway.rehydration import Rehydrator
+from gateway.streaming import StreamAccumulator
+from gateway.upstream import UpstreamClient, UpstreamRequest
+
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not usage:
+        return total
+    if total is None:
+        return {**usage}
+    out = {**total}
+    for key in _USAGE_FIELDS:
+        out[key] = (out.get(key) or 0) + (usage.get(key) or 0)
+    cached = ((total.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) + (
+        (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    out["prompt_tokens_details"] = {**(total.get("prompt_tokens_details") or {}), "cached_tokens": cached}
+    return out
+
+
+@dataclass
+class Conversation:
+    """The upstream request as it grows over hidden rounds."""
+
+    request: UpstreamRequest
+    rehydrator: Rehydrator | None
+    usage: dict[str, Any] | None = None
+    rounds: int = 0
+    hidden_messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def with_round(self, assistant: dict[str, Any], calls: list[dict[str, Any]], answers: list[str]) -> None:
+        """Append the model's rehydration calls (only those) and their answers."""
+        message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
+        replies = [{"role": "tool", "tool_call_id": c["id"], "content": a} for c, a in zip(calls, answers)]
+        self.hidden_messages += [message, *replies]
+        body = dict(self.request.body)
+        body["messages"] = [*body["messages"], message, *replies]
+        self.request = replace(self.request, body=body)
+
+    def more_rounds_allowed(self) -> bool:
+        return self.rehydrator is not None and self.rounds < self.rehydrator.policy.rehydration.max_rounds
+
+    async def answer(self, calls: list[dict[str, Any]]) -> list[str]:
+        assert self.rehydrator is not None
+        self.rehydrator.rounds = self.rounds + 1
+        return [await run_in_threadpool(self.rehydrator.answer, call) for call in calls]
+
+
+def _strip_gateway_calls(response: dict[str, Any], rehydrator: Rehydrator) -> dict[str, Any]:
+    """The final answer without calls to the gateway's tool (past the round bound)."""
+    choices = []
+    for choice in response.get("choices") or []:
+        message = dict(choice.get("message") or {})
+        kept = [c for c in message.get("tool_calls") or [] if not rehydrator.is_call(c)]
+        if kept:
+            message["tool_calls"] = kept
+        else:
+            message.pop("tool_calls", None)
+        finish = choice.get("finish_reason")
+        if finish == "tool_calls" and not kept:
+            finish = "stop"
+        choices.append({**choice, "message": message, "finish_reason": finish})
+    return {**response, "choices": choices}
+
+
+async def complete(upstream: UpstreamClient, conversation: Conversation) -> dict[str, Any]:
+    """The final chat.completion, after any hidden rehydration rounds."""
+    while True:
+        response = await upstream.complete(conversation.request)
+        conversation.usage = add_usage(conversation.usage, response.get("usage"))
+        rehydrator = conversation.rehydrator
+        if rehydrator is None:
+            return response
+        message = ((response.get("choices") or [{}])[0]).get("message") or {}
+        calls = [c for c in message.get("tool_calls") or [] if rehydrator.is_call(c)]
+        if not calls or not conversation.more_rounds_allowed():
+            final = _strip_gateway_calls(response, rehydrator)
+            return {**final, "usage": conversation.usage} if conversation.usage else final
+        conversation.with_round(message, calls, await conversation.answer(calls))
+        conversation.rounds += 1
+
+
+async def stream(
+    upstream: UpstreamClient, conversation: Conversation, first_round: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[tuple[dict[str, Any], bool]]:
+    """(chunk, is_usage) pairs for the client; rounds that call the gateway's tool are hidden."""
+    chunks = first_round
+    while True:
+        rehydrator = conversation.rehydrator
+        accumulator = StreamAccumulator()
+        held: list[dict[str, Any]] = []  # tool-call and finish chunks, released when the round ends
+        hidden = False
+        async for chunk in chunks:
+            accumulator.add(chunk)
+            if chunk.get("usage") and not chunk.get("choices"):
+                conversation.usage = add_usage(conversation.usage, chunk["usage"])
+                continue
+            if chunk.get("usage"):
+                conversation.usage = add_usage(conversation.usage, chunk["usage"])
+                chunk = {k: v for k, v in chunk.items() if k != "usage"}
+            if rehydrator is None:
+                yield chunk, False
+                continue
+            if any(rehydrator.is_call(c) for c in _delta_calls(chunk)) or any(
+                    (accumulator.tool_calls.get(i) or {}).get("function", {}).get("name") == rehydrator.name
+                    for i in accumulator.tool_calls):
+                hidden = True  # recognised as soon as the name arrives
+            if _delta_calls(chunk) or _finish(chunk):
+                held.append(_without_content(chunk, keep_content=False))
+                if _content(chunk) and not hidden:
+                    yield _without_content(chunk, keep_content=True, drop_calls=True), False
+                continue
+            if not hidden:
+                yield chunk, False
+        message = accumulator.message()
+        calls = [c for c in message.get("tool_calls") or [] if rehydrator and rehydrator.is_call(c)]
+        if rehydrator is None or not calls:
+            for chunk in held:
+                yield chunk, False
+            break
+        if not conversation.more_rounds_allowed():
+            for chunk in _release_without_gateway_calls(held, rehydrator):
+                yield chunk, False
+            break
+        conversation.with_round(message, calls, await conversation.answer(calls))
+        conversation.rounds += 1
+        chunks = upstream.stream(conversation.request)
+    if conversation.usage:
+        yield {"object": "chat.completion.chunk", "choices": [], "usage": conversation.usage}, True
+
+
+def _delta_calls(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    calls = []
+    for choice in chunk.get("choices") or []:
+        calls += (choice.get("delta") or {}).get("tool_calls") or []
+    return calls
+
+
+def _finish(chunk: dict[str, Any]) -> bool:
+    return any(choice.get("finish_reason") for choice in chunk.get("choices") or [])
+
+
+def _content(chunk: dict[str, Any]) -> bool:
+    return any((choice.get("delta") or {}).get("content") for choice in chunk.get("choices") or [])
+
+
+def _without_content(chunk: dict[str, Any], *, keep_content: bool, drop_calls: bool = False) -> dict[str, Any]:
+    choices = []
+    for choice in chunk.get("choices") or []:
+        delta = dict(choice.get("delta") or {})
+        if not keep_content:
+            delta.pop("content", None)
+        if drop_calls:
+            delta.pop("tool_calls", None)
+            choice = {**choice, "finish_reason": None}
+        choices.append({**choice, "delta": delta})
+    return {**chunk, "choices": choices}
+
+
+def _release_without_gateway_calls(held: list[dict[str, Any]], rehydrator: Rehydrator) -> list[dict[str, Any]]:
+    """Held chunks minus the gateway tool's deltas (identified by index once its name was seen)."""
+    gateway_indexes: set[int] = set()
+    out = []
+    for chunk in held:
+        choices = []
+        for choice in chunk.get("choices") or []:
+            delta = dict(choice.get("delta") or {})
+            kept = []
+            for call in delta.get("tool_calls") or []:
+                if rehydrator.is_call(call):
+                    gateway_indexes.add(call.get("index", 0))
+                if call.get("index", 0) not in gateway_indexes:
+                    kept.append(call)
+            if "tool_calls" in delta:
+                if kept:
+                    delta["tool_calls"] = kept
+                else:
+                    delta.pop("tool_calls")
+            finish = choice.get("finish_reason")
+            choices.append({**choice, "delta": delta, "finish_reason": finish})
+        out.append({**chunk, "choices": choices})
+    return out

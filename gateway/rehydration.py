@@ -1,0 +1,136 @@
+"""The rehydration tool: the model asks for an artifact's exact bytes, the gateway answers.
+
+The tool is added to a request when its projection holds compacted artifacts
+and the client sent `tools`. Calls to it are answered here, never by the
+client: the answer is checked against the tenant, the request's lineage, the
+provider's privacy rules, participant visibility and subagent boundaries, and
+bounded in bytes and tokens. Every answer, given or refused, is a decision in
+the request's assembly record.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from policies.assembler import Records
+from policies.memories import ArtifactView
+from policies.policy import Policy
+from policies.tokens import count_text
+from storage.records import RecordStore
+
+DESCRIPTION = (
+    "Fetch the exact raw content of a compacted tool result or call argument; "
+    "pass the id shown after 'artifact:' (e.g. art_... or args_...)."
+)
+
+
+def tool_schema(name: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": DESCRIPTION,
+            "parameters": {
+                "type": "object",
+                "properties": {"artifact_id": {"type": "string", "description": "the id after 'artifact:'"}},
+                "required": ["artifact_id"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+@dataclass
+class Rehydrator:
+    """Answers `gateway_rehydrate` calls for one request."""
+
+    policy: Policy
+    records: Records
+    store: RecordStore
+    tenant: str
+    participant: str
+    provider: str
+    decisions: list[dict[str, Any]]
+    rounds: int = 0
+    _views: dict[str, ArtifactView] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._views = {v.artifact_id: v for v in self.records.artifacts.values()}
+        self._lineage = self.records.lineage()
+
+    @property
+    def name(self) -> str:
+        return self.policy.rehydration.tool_name
+
+    def is_call(self, call: Mapping[str, Any]) -> bool:
+        return (call.get("function") or {}).get("name") == self.name
+
+    def _refuse(self, artifact_id: str | None, reason: str, text: str) -> str:
+        self.decisions.append({"index": None, "role": "tool", "action": "rehydration_refused", "reason": reason,
+                               "artifact_id": artifact_id, "round": self.rounds})
+        return f"[{self.name} refused: {text}]"
+
+    def answer(self, call: Mapping[str, Any]) -> str:
+        """The tool message content for one call (runs in a worker thread: it reads the store)."""
+        try:
+            arguments = json.loads((call.get("function") or {}).get("arguments") or "{}")
+            artifact_id = str(arguments["artifact_id"]).strip().removeprefix("artifact:")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return self._refuse(None, "invalid_arguments", 'pass {"artifact_id": "<id after artifact:>"}')
+        if artifact_id not in self._lineage:
+            # Another branch's artifact exists for this tenant but is not this conversation's;
+            # another tenant's (or a made-up id) is indistinguishable from one that does not exist.
+            exists = self.store.get_artifact(artifact_id, self.tenant) is not None or (
+                self.store.get_call_arguments(artifact_id, self.tenant) is not None)
+            if exists:
+                return self._refuse(artifact_id, "other_branch", f"artifact:{artifact_id} belongs to another branch")
+            return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
+        view = self._views.get(artifact_id)
+        if view is not None:
+            refusal = self._policy_refusal(view)
+            if refusal:
+                return refusal
+            record = self.store.get_artifact(artifact_id, self.tenant)
+            if record is None:
+                return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
+            raw = self.store.artifact_bytes(record)
+        else:
+            found = self.store.get_call_arguments(artifact_id, self.tenant)
+            if found is None:
+                return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
+            raw = found[0].encode("utf-8", "surrogatepass")
+        return self._bounded(artifact_id, raw)
+
+    def _policy_refusal(self, view: ArtifactView) -> str | None:
+        rule = self.policy.rule_for(view.tool_name)
+        if not self.policy.privacy.allows(self.provider, rule.privacy):
+            return self._refuse(view.artifact_id, f"restricted:{rule.privacy}",
+                                f"artifact:{view.artifact_id} is {rule.privacy} and may not be sent to {self.provider}")
+        if (rule.visibility != "conversation" and view.owner_participant
+                and view.owner_participant != self.participant):
+            return self._refuse(view.artifact_id, "private",
+                                f"artifact:{view.artifact_id} is private to another participant")
+        child_tool = self.records.subagent_results.get(view.sha256)
+        if child_tool is not None and not self.policy.rule_for(child_tool).promote_to_parent:
+            return self._refuse(view.artifact_id, "subagent_private",
+                                f"artifact:{view.artifact_id} is a subagent's private result")
+        return None
+
+    def _bounded(self, artifact_id: str, raw: bytes) -> str:
+        limits = self.policy.rehydration
+        text = raw.decode("utf-8", "replace")
+        tokens = count_text(text)
+        if len(raw) <= limits.max_bytes and tokens <= limits.max_tokens:
+            self.decisions.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "model_request",
+                                   "artifact_id": artifact_id, "round": self.rounds, "tokens_after": tokens})
+            return text
+        # A bounded excerpt: whole characters up to both limits, marked as such.
+        cut = min(len(text), limits.max_bytes, limits.max_tokens * 3)
+        while cut > 0 and (len(text[:cut].encode()) > limits.max_bytes or count_text(text[:cut]) > limits.max_tokens):
+            cut = int(cut * 0.9)
+        excerpt = text[:cut]
+        self.decisions.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "bounded_excerpt",
+                               "artifact_id": artifact_id, "round": self.rounds, "tokens_after": count_text(excerpt)})
+        return (f"{excerpt}\n[{self.name}: excerpt of artifact:{artifact_id}, the first {len(excerpt)} of "
+                f"{len(text)} characters ({len(raw)} bytes); the policy bounds rehydration]")
