@@ -232,3 +232,34 @@ def test_latest_user_message_naming_an_artifact_brings_it_back_raw(gateway: Runn
     assert gateway.fake.last_body()["messages"][3]["content"] == INVOICE
     assert record["assembly"]["decisions"][3]["action"] == "rehydrated"
     assert record["assembly"]["decisions"][3]["reason"] == "named_by_user"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_calls_beside_a_rehydration_are_dropped_and_the_model_asked_again(
+        gateway: RunningGateway, stream: bool) -> None:
+    messages = invoice_conversation()
+    artifact_id = compacted_invoice_id(gateway, messages)
+    messages += [{"role": "assistant", "content": "noted"}, {"role": "user", "content": "Total, then the ledger?"}]
+    gateway.fake.reset()
+    both = rehydrate(artifact_id)
+    both["content"] = "Let me check."
+    both["tool_calls"].insert(0, {"id": "client_1", "type": "function",
+                                  "function": {"name": "read_ledger", "arguments": '{"month": "11"}'}})
+    gateway.fake.script_message(both)
+    gateway.fake.script_message({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "client_2", "type": "function", "function": {"name": "read_ledger", "arguments": '{"month": "11"}'}}]})
+    client = openai.OpenAI(base_url=gateway.api_base, api_key=TENANT_KEY, max_retries=0)
+    if stream:
+        chunks = list(client.chat.completions.create(model="fake", messages=messages, tools=TOOLS, stream=True))
+        calls = [c for ch in chunks if ch.choices for c in ch.choices[0].delta.tool_calls or []]
+        assert [c.id for c in calls if c.id] == ["client_2"]
+        assert "gateway_rehydrate" not in json.dumps([c.model_dump() for c in chunks])
+        assert "client_1" not in json.dumps([c.model_dump() for c in chunks])
+    else:
+        completion = client.chat.completions.create(model="fake", messages=messages, tools=TOOLS)
+        assert [c.id for c in completion.choices[0].message.tool_calls] == ["client_2"]
+        assert completion.choices[0].finish_reason == "tool_calls"
+    second = gateway.fake.requests[1]["body"]["messages"]
+    hidden_call = second[-2]
+    assert [c["id"] for c in hidden_call["tool_calls"]] == ["gw_1"]  # the client's call of that round was dropped
+    assert second[-1]["content"] == INVOICE
