@@ -14,9 +14,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from gateway import forwarding
+from gateway import forwarding, outcomes
 from gateway.chat_request import ChatRequest, parse_chat_request
 from gateway.forwarding import Conversation
+from gateway.outcomes import Accounting
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PermissionDenied
 from gateway.projection import assembly_record, project
 from gateway.rehydration import Rehydrator, tool_schema
@@ -50,43 +51,6 @@ async def read_body(request: Request, limit: int) -> bytes:
             )
         parts.append(chunk)
     return b"".join(parts)
-
-
-def _usage_numbers(usage: dict[str, Any] | None) -> dict[str, int | None]:
-    usage = usage or {}
-    details = usage.get("prompt_tokens_details") or {}
-    return {
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "completion_tokens": usage.get("completion_tokens"),
-        "total_tokens": usage.get("total_tokens"),
-        "cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None,
-    }
-
-
-def _outcome(
-    services: Services, upstream: UpstreamRequest, response: dict[str, Any], started: float
-) -> RunOutcome:
-    usage = response.get("usage")
-    choices = response.get("choices") or [{}]
-    return RunOutcome(
-        status="ok",
-        http_status=200,
-        latency_ms=(time.perf_counter() - started) * 1000,
-        cost_usd=services.upstream.cost_usd(upstream.litellm_params, usage) if usage else None,
-        finish_reason=choices[0].get("finish_reason"),
-        response=response,
-        **_usage_numbers(usage),
-    )
-
-
-def _error_outcome(error: GatewayError, started: float, status: str = "error") -> RunOutcome:
-    return RunOutcome(
-        status=status,
-        http_status=error.status_code,
-        latency_ms=(time.perf_counter() - started) * 1000,
-        error_type=error.code or error.error_type,
-        error_message=error.message,
-    )
 
 
 @router.post("/v1/chat/completions")
@@ -124,8 +88,14 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
             project, policy, model, path, ingest, services.clock(), run.participant
         )
     except GatewayError as error:
-        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started))
+        await run_in_threadpool(services.store.finish_run, request_id, outcomes.failure(error, started))
         raise
+    accounting = Accounting(
+        prices=services.upstream.prices(model.litellm_params),
+        tokens_original=projection.tokens_original,
+        tokens_forwarded=projection.tokens_forwarded,
+        previous_original=ingest.previous_original_tokens,
+    )
     assembly = assembly_record(projection, {"ingest": round(ingest_ms, 3)}, run.parent_request_id)
     headers = {
         "x-gateway-tokens-original": str(projection.tokens_original),
@@ -150,15 +120,15 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
     )
     started = time.perf_counter()
     if chat.stream:
-        return await _stream(services, chat, conversation, assembly, headers, started)
+        return await _stream(services, chat, conversation, assembly, accounting, headers, started)
     try:
         response = await forwarding.complete(services.upstream, conversation)
     except GatewayError as error:
         await run_in_threadpool(
-            services.store.finish_run, request_id, _error_outcome(error, started), assembly
+            services.store.finish_run, request_id, outcomes.failure(error, started, accounting), assembly
         )
         raise
-    outcome = _outcome(services, conversation.request, response, started)
+    outcome = outcomes.success(response, started, accounting)
     await run_in_threadpool(services.store.finish_run, request_id, outcome, assembly)
     return JSONResponse(response, headers=headers)
 
@@ -168,6 +138,7 @@ async def _stream(
     chat: ChatRequest,
     conversation: Conversation,
     assembly: AssemblyRecord,
+    accounting: Accounting,
     headers: dict[str, str],
     started: float,
 ) -> StreamingResponse:
@@ -178,7 +149,9 @@ async def _stream(
     except StopAsyncIteration:
         first = None
     except GatewayError as error:
-        await run_in_threadpool(services.store.finish_run, request_id, _error_outcome(error, started), assembly)
+        await run_in_threadpool(
+            services.store.finish_run, request_id, outcomes.failure(error, started, accounting), assembly
+        )
         raise
 
     async def replayed_first_round() -> AsyncIterator[dict[str, Any]]:
@@ -201,14 +174,15 @@ async def _stream(
                 accumulator.add(chunk)
                 yield sse_event(chunk)
             yield SSE_DONE
-            outcome = _outcome(services, conversation.request, accumulator.response(), started)
+            outcome = outcomes.success(accumulator.response(), started, accounting)
         except GatewayError as error:
-            outcome = _error_outcome(error, started)
+            outcome = outcomes.failure(error, started, accounting)
             yield sse_event(error.body())
         except (asyncio.CancelledError, GeneratorExit):
-            outcome = _error_outcome(
+            outcome = outcomes.failure(
                 GatewayError("the client closed the stream", code="client_disconnected"),
                 started,
+                accounting,
                 status="client_disconnected",
             )
             raise

@@ -24,7 +24,7 @@ from gateway.errors import (  # noqa: E402
     UpstreamUnavailable,
     upstream_error_for_status,
 )
-from gateway.upstream import UpstreamRequest  # noqa: E402
+from gateway.upstream import Prices, UpstreamRequest  # noqa: E402
 
 # OpenAI chat fields LiteLLM takes as named arguments; any other body field
 # goes to the provider untouched through `extra_body`.
@@ -116,25 +116,45 @@ class LiteLLMUpstream:
         except Exception as exc:
             raise _map_error(exc) from exc
 
-    def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
-        prompt = int(usage.get("prompt_tokens") or 0)
-        completion = int(usage.get("completion_tokens") or 0)
-        cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+    def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
         if "input_cost_per_token" in litellm_params:
             price_in = float(litellm_params["input_cost_per_token"])
-            price_out = float(litellm_params.get("output_cost_per_token", 0.0))
-            price_cached = float(litellm_params.get("cache_read_input_token_cost", price_in))
-            return (prompt - cached) * price_in + cached * price_cached + completion * price_out
-        try:
-            prompt_cost, completion_cost = litellm.cost_per_token(
-                model=str(litellm_params["model"]),
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                cache_read_input_tokens=cached,
+            return Prices(
+                input=price_in,
+                output=float(litellm_params.get("output_cost_per_token", 0.0)),
+                cache_read=float(litellm_params.get("cache_read_input_token_cost", price_in)),
+                cache_write=float(litellm_params.get("cache_creation_input_token_cost", price_in)),
             )
-        except Exception:  # a model LiteLLM has no price for
+        return _map_prices(str(litellm_params["model"]))
+
+    def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
+        prices = self.prices(litellm_params)
+        if prices is None:
             return None
-        return float(prompt_cost) + float(completion_cost)
+        details = usage.get("prompt_tokens_details") or {}
+        return prices.cost(
+            prompt=int(usage.get("prompt_tokens") or 0),
+            completion=int(usage.get("completion_tokens") or 0),
+            cached=int(details.get("cached_tokens") or 0),
+            cache_write=int(usage.get("cache_creation_input_tokens") or 0),
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def _map_prices(model: str) -> Prices | None:
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # a model LiteLLM has no price for
+        return None
+    price_in = info.get("input_cost_per_token")
+    if price_in is None:
+        return None
+    return Prices(
+        input=float(price_in),
+        output=float(info.get("output_cost_per_token") or 0.0),
+        cache_read=float(info.get("cache_read_input_token_cost") or price_in),
+        cache_write=float(info.get("cache_creation_input_token_cost") or price_in),
+    )
 
 
 _TIMEOUT_CAUSES = frozenset({"APITimeoutError", "ReadTimeout", "ConnectTimeout", "WriteTimeout",

@@ -17,6 +17,22 @@ class UpstreamRequest:
     extra_headers: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Prices:
+    """USD per token: input, output, cached input read, cache write."""
+
+    input: float
+    output: float
+    cache_read: float
+    cache_write: float
+
+    def cost(self, prompt: int, completion: int, cached: int = 0, cache_write: int = 0) -> float:
+        """`prompt` includes the cached and cache-written tokens, as providers report it."""
+        uncached = max(0, prompt - cached - cache_write)
+        return (uncached * self.input + cached * self.cache_read + cache_write * self.cache_write
+                + completion * self.output)
+
+
 class UpstreamClient(Protocol):
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
         """A chat.completion object as a plain dict; raises UpstreamError."""
@@ -26,3 +42,6 @@ class UpstreamClient(Protocol):
 
     def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
         """What the usage cost under the provider's price map, if known."""
+
+    def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
+        """The model's prices: the config's own, else LiteLLM's cost map; None if unknown."""

@@ -67,6 +67,10 @@ class RunOutcome:
     cached_tokens: int | None = None
     total_tokens: int | None = None
     cost_usd: float | None = None
+    cost_original_usd: float | None = None
+    tokens_original: int | None = None
+    tokens_forwarded: int | None = None
+    cache_write_tokens: int | None = None
     finish_reason: str | None = None
     response: Mapping[str, Any] | None = None
 
@@ -81,6 +85,7 @@ class IngestResult:
     owners: Mapping[str, str]  # artifact id -> participant that produced it
     sibling_artifacts: int  # artifacts of the session that are not on this path
     subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this session
+    previous_original_tokens: int  # the client's transcript tokens on the latest earlier run on this path
 
 
 @dataclass(frozen=True)
@@ -225,9 +230,12 @@ def _run_dict(row: ModelRun) -> dict[str, Any]:
             "prompt_tokens": row.prompt_tokens,
             "completion_tokens": row.completion_tokens,
             "cached_tokens": row.cached_tokens,
+            "cache_write_tokens": row.cache_write_tokens,
             "total_tokens": row.total_tokens,
         },
         "cost_usd": row.cost_usd,
+        "cost_original_usd": row.cost_original_usd,
+        "tokens": {"original": row.tokens_original, "forwarded": row.tokens_forwarded},
         "latency_ms": row.latency_ms,
         "finish_reason": row.finish_reason,
         "response": json.loads(row.response_json) if row.response_json else None,
@@ -340,6 +348,13 @@ class RecordStore:
                 select(func.count()).select_from(ToolArtifact).where(ToolArtifact.session_id == session_id)
             )
             subagent_results = self._subagent_results(session, tenant, session_id, run.parent_request_id)
+            previous = session.scalar(
+                select(ModelRun.tokens_original)
+                .where(ModelRun.tenant == tenant, ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
+                       ModelRun.tokens_original.is_not(None))
+                .order_by(ModelRun.started_at.desc())
+                .limit(1)
+            )
             session.add(
                 ModelRun(
                     id=run.request_id,
@@ -366,6 +381,7 @@ class RecordStore:
             owners=owners,
             sibling_artifacts=max(0, int(in_session or 0) - len(path_artifacts)),
             subagent_results=subagent_results,
+            previous_original_tokens=int(previous or 0),
         )
 
     def _subagent_results(
@@ -536,6 +552,10 @@ class RecordStore:
             "cached_tokens": outcome.cached_tokens,
             "total_tokens": outcome.total_tokens,
             "cost_usd": outcome.cost_usd,
+            "cost_original_usd": outcome.cost_original_usd,
+            "tokens_original": outcome.tokens_original,
+            "tokens_forwarded": outcome.tokens_forwarded,
+            "cache_write_tokens": outcome.cache_write_tokens,
             "finish_reason": outcome.finish_reason,
             "response_json": canonical_json(outcome.response) if outcome.response else None,
             "finished_at": self._now(),

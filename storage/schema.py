@@ -66,6 +66,10 @@ class ModelRun(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
     total_tokens: Mapped[int | None] = mapped_column(Integer)
     cost_usd: Mapped[float | None] = mapped_column(Float)
+    cost_original_usd: Mapped[float | None] = mapped_column(Float)  # the client's transcript, priced alike
+    tokens_original: Mapped[int | None] = mapped_column(Integer)  # as the client sent them (tiktoken)
+    tokens_forwarded: Mapped[int | None] = mapped_column(Integer)  # as the projection forwarded them
+    cache_write_tokens: Mapped[int | None] = mapped_column(Integer)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     finish_reason: Mapped[str | None] = mapped_column(String(64))
     response_json: Mapped[str | None] = mapped_column(Text)

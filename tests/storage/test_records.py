@@ -118,7 +118,8 @@ def test_run_outcome_and_tool_call_provenance(store: RecordStore) -> None:
     store.ingest(message_path("acme", TOOL_ROUND), _run("req_2"))
     run = store.get_run("req_1", "acme").run
     assert run["status"] == "ok" and run["usage"] == {"prompt_tokens": 30, "completion_tokens": 9,
-                                                      "cached_tokens": 4, "total_tokens": 39}
+                                                      "cached_tokens": 4, "cache_write_tokens": None,
+                                                      "total_tokens": 39}
     calls = {c["call_id"]: c for c in store.iter_tool_calls("acme")}
     # The assistant message with the calls answered req_1, whose request ended at its parent.
     assert calls["call_1"]["run_id"] == "req_1" and calls["call_2"]["name"] == "bash"
