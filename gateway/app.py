@@ -12,12 +12,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import chat, records_api
+from gateway import chat, dashboard, records_api
 from gateway.auth import KeyRing
 from gateway.config import Settings, tenant_policies
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.request_id import RequestIdMiddleware
 from gateway.services import Services
+from gateway.sessions import SessionSigner
 from gateway.upstream import UpstreamClient
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
@@ -61,6 +62,7 @@ def create_app(
             keyring=KeyRing(settings),
             policies=tenant_policies(settings),
             clock=clock,
+            sessions=SessionSigner(settings.dashboard.session_secret),
         )
         try:
             yield
@@ -73,6 +75,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.include_router(chat.router)
     app.include_router(records_api.router)
+    app.include_router(dashboard.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

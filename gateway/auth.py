@@ -46,6 +46,10 @@ class KeyRing:
             principal = Principal(tenant=None, is_admin=True, key_id=f"key-{digest[:12]}")
             self._entries.append((bytes.fromhex(digest), principal))
 
+    def by_key_id(self, key_id: str) -> Principal | None:
+        """The principal of a key by its fingerprint (for signed dashboard sessions)."""
+        return next((p for _, p in self._entries if p.key_id == key_id), None)
+
     def lookup(self, key: str) -> Principal | None:
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
         found: Principal | None = None

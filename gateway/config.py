@@ -97,6 +97,10 @@ class StorageSettings(_Strict):
         return url
 
 
+class DashboardSettings(_Strict):
+    session_secret: str | None = None  # set it when several replicas serve the dashboard
+
+
 class RedisSettings(_Strict):
     url: str | None = None
 
@@ -108,6 +112,7 @@ class Settings(_Strict):
     storage: StorageSettings = StorageSettings()
     redis: RedisSettings = RedisSettings()
     server: ServerSettings = ServerSettings()
+    dashboard: DashboardSettings = DashboardSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     source: str = Field("<memory>", exclude=True)
     base_dir: str = Field(".", exclude=True)

@@ -2,8 +2,9 @@
 
 The counterfactual is priced the way the forwarded request was: the provider's
 own prompt count, plus the tokens the projection removed; where the provider
-reports prompt caching, the client's transcript is taken to hit the cache on
-its previous request's transcript (agents only append), as a cached replay does.
+reported cache hits for the request, the client's transcript is taken to hit
+the cache on its previous request's transcript (agents only append), as a
+cached replay does.
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def costs(accounting: Accounting, usage: dict[str, Any]) -> tuple[float | None, 
         return None, None, written
     forwarded = accounting.prices.cost(prompt, completion, cached or 0, written)
     original_prompt = prompt + max(0, accounting.tokens_original - accounting.tokens_forwarded)
-    original_cached = min(accounting.previous_original, original_prompt) if cached is not None else 0
+    # Only where the provider's cache was in play for this request (it reported hits)
+    # is the client's transcript credited with hits on its previous request.
+    original_cached = min(accounting.previous_original, original_prompt) if cached else 0
     original_written = max(0, original_prompt - original_cached) if written else 0
     original = accounting.prices.cost(original_prompt, completion, original_cached, original_written)
     return forwarded, original, written

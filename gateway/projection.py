@@ -63,4 +63,5 @@ def assembly_record(
         omissions=projection.omissions,
         timings_ms={**timings_ms, "assemble": round(projection.assembly_ms, 3)},
         parent_request_id=parent_request_id,
+        forwarded_messages=projection.messages,
     )

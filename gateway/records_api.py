@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from gateway.errors import GatewayError, NotFound
+from gateway.savings import ledger, parse_moment
 from gateway.services import PrincipalDep, ServicesDep
 from storage.records import ArtifactCorrupted, ArtifactRecord
 from storage.blobs import BlobCorrupted
@@ -68,6 +69,42 @@ async def artifact_metadata(artifact_id: str, principal: PrincipalDep, services:
         return (await _call_arguments(services, principal, artifact_id))[1]
     record = await _artifact(services, principal, artifact_id)
     return record.metadata()
+
+
+@router.get("/savings")
+async def savings(
+    principal: PrincipalDep,
+    services: ServicesDep,
+    start: str | None = None,
+    end: str | None = None,
+    model: str | None = None,
+    session: str | None = None,
+    tenant: str | None = None,
+) -> dict[str, Any]:
+    """The savings ledger: per tenant, model, session and day (tenant keys see their own)."""
+    return await savings_ledger(services, principal, start, end, model, session, tenant)
+
+
+async def savings_ledger(services: ServicesDep, principal: PrincipalDep, start: str | None, end: str | None,
+                         model: str | None, session: str | None, tenant: str | None) -> dict[str, Any]:
+    scope = principal.scope()
+    if tenant and scope is not None and tenant != scope:
+        raise NotFound(f"No tenant '{tenant}'.", param="tenant", code="tenant_not_found")
+    chosen = tenant or scope
+    since, until = parse_moment(start, "start"), parse_moment(end, "end", end=True)
+    rows = await run_in_threadpool(services.store.savings_rows, chosen, since, until, model, session)
+    filters = {"tenant": chosen, "start": start, "end": end, "model": model, "session": session}
+    return ledger(rows, filters)
+
+
+@router.get("/requests/{request_id}/projection")
+async def request_projection(request_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    """The messages the model was given for this request, as forwarded."""
+    messages = await run_in_threadpool(services.store.forwarded_messages, request_id, principal.scope())
+    if messages is None:
+        raise NotFound(f"No projection recorded for request '{request_id}'.", param="request_id",
+                       code="request_not_found")
+    return {"object": "projection", "request_id": request_id, "messages": messages}
 
 
 @router.get("/requests/{request_id}")

@@ -6,7 +6,8 @@ from typing import Annotated, Callable
 
 from fastapi import Depends, Request
 
-from gateway.auth import KeyRing, Principal, authenticate
+from gateway.auth import KeyRing, Principal, authenticate, bearer_key
+from gateway.sessions import COOKIE, SessionSigner
 from gateway.config import Settings
 from gateway.upstream import UpstreamClient
 from policies.policy import Policy
@@ -21,6 +22,7 @@ class Services:
     keyring: KeyRing
     policies: dict[str, Policy]  # by tenant id
     clock: Callable[[], float]  # unix seconds; tests move time forward
+    sessions: SessionSigner
 
 
 def get_services(request: Request) -> Services:
@@ -28,8 +30,14 @@ def get_services(request: Request) -> Services:
 
 
 def get_principal(request: Request) -> Principal:
+    """The bearer key's principal; for reads without one, the dashboard's signed session cookie."""
     services: Services = request.app.state.services
-    return authenticate(services.keyring, request.headers.get("authorization"))
+    authorization = request.headers.get("authorization")
+    if bearer_key(authorization) is None and request.method == "GET":
+        principal = services.sessions.verify(request.cookies.get(COOKIE), services.keyring)
+        if principal is not None:
+            return principal
+    return authenticate(services.keyring, authorization)
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

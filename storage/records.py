@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -105,6 +106,7 @@ class AssemblyRecord:
     omissions: dict[str, int]
     timings_ms: dict[str, float]
     parent_request_id: str | None = None
+    forwarded_messages: list[dict[str, Any]] | None = None  # stored compressed; served by its own call
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -261,6 +263,10 @@ def _assembly_row(request_id: str, tenant: str, record: AssemblyRecord) -> Conte
         omissions_json=json.dumps(record.omissions, separators=(",", ":")),
         timings_json=json.dumps(record.timings_ms, separators=(",", ":")),
         parent_request_id=record.parent_request_id,
+        forwarded_zlib=(
+            zlib.compress(canonical_json(record.forwarded_messages).encode("utf-8", "surrogatepass"))
+            if record.forwarded_messages is not None else None
+        ),
         created_at=utcnow(),
     )
 
@@ -610,6 +616,15 @@ class RecordStore:
             raise ArtifactCorrupted(record.id)
         return data
 
+    def forwarded_messages(self, request_id: str, tenant: str | None) -> list[dict[str, Any]] | None:
+        """The messages the projection forwarded for a request, if recorded."""
+        with Session(self.engine) as session:
+            query = select(ContextAssembly.forwarded_zlib).where(ContextAssembly.request_id == request_id)
+            if tenant is not None:
+                query = query.where(ContextAssembly.tenant == tenant)
+            blob = session.scalar(query)
+            return json.loads(zlib.decompress(blob)) if blob else None
+
     def get_run(self, request_id: str, tenant: str | None) -> RunRecord | None:
         with Session(self.engine) as session:
             query = select(ModelRun).where(ModelRun.id == request_id)
@@ -644,6 +659,93 @@ class RecordStore:
             {"leaf": leaf_id},
         )
         return [r[0] for r in rows]
+
+    def savings_rows(
+        self,
+        tenant: str | None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        model: str | None = None,
+        session_key: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The ledger's raw material: finished runs summed per tenant, model, session and day."""
+        session_col = func.coalesce(ModelRun.session_label, ModelRun.session_id)
+        day = func.date(ModelRun.started_at)
+        query = (
+            select(
+                ModelRun.tenant, ModelRun.model, session_col, day,
+                func.count(), func.sum(ModelRun.tokens_original), func.sum(ModelRun.tokens_forwarded),
+                func.sum(ModelRun.prompt_tokens), func.sum(ModelRun.cached_tokens),
+                func.sum(ModelRun.cache_write_tokens), func.sum(ModelRun.completion_tokens),
+                func.sum(ModelRun.cost_usd), func.sum(ModelRun.cost_original_usd),
+                func.min(ModelRun.started_at), func.max(ModelRun.started_at),
+            )
+            .where(ModelRun.status == "ok")
+            .group_by(ModelRun.tenant, ModelRun.model, session_col, day)
+        )
+        if tenant is not None:
+            query = query.where(ModelRun.tenant == tenant)
+        if start is not None:
+            query = query.where(ModelRun.started_at >= start)
+        if end is not None:
+            query = query.where(ModelRun.started_at < end)
+        if model is not None:
+            query = query.where(ModelRun.model == model)
+        if session_key is not None:
+            query = query.where(session_col == session_key)
+        keys = ("tenant", "model", "session", "day", "requests", "tokens_sent", "tokens_forwarded",
+                "prompt_tokens", "cached_tokens", "cache_write_tokens", "completion_tokens",
+                "cost_usd", "cost_original_usd", "first_at", "last_at")
+        with Session(self.engine) as session:
+            rows = []
+            for values in session.execute(query):
+                row = dict(zip(keys, values))
+                row["day"] = str(row["day"])[:10]
+                row["first_at"] = _aware(row["first_at"]).isoformat()
+                row["last_at"] = _aware(row["last_at"]).isoformat()
+                rows.append(row)
+            return rows
+
+    def recent_runs(self, tenant: str | None, limit: int = 50, session_key: str | None = None) -> list[dict[str, Any]]:
+        """The latest runs, newest first, for the dashboard's tables."""
+        query = select(ModelRun).order_by(ModelRun.started_at.desc()).limit(limit)
+        if tenant is not None:
+            query = query.where(ModelRun.tenant == tenant)
+        if session_key is not None:
+            query = query.where(func.coalesce(ModelRun.session_label, ModelRun.session_id) == session_key)
+        with Session(self.engine) as session:
+            return [_run_dict(row) for row in session.scalars(query)]
+
+    def path_messages(self, leaf_id: str) -> list[dict[str, Any]]:
+        """The transcript a request carried, rebuilt from its nodes and artifacts."""
+        with Session(self.engine) as session:
+            ids = session.execute(
+                text(
+                    "WITH RECURSIVE path(id, parent_id, depth) AS ("
+                    " SELECT id, parent_id, depth FROM message_nodes WHERE id = :leaf"
+                    " UNION ALL SELECT n.id, n.parent_id, n.depth FROM message_nodes n"
+                    " JOIN path p ON n.id = p.parent_id) SELECT id FROM path ORDER BY depth"
+                ),
+                {"leaf": leaf_id},
+            ).scalars().all()
+            nodes = {n.id: n for n in session.scalars(select(MessageNode).where(MessageNode.id.in_(ids)))}
+            artifacts = {
+                a.id: a for a in session.scalars(
+                    select(ToolArtifact).where(ToolArtifact.id.in_([n.artifact_id for n in nodes.values() if n.artifact_id]))
+                )
+            }
+            messages = []
+            for node_id in ids:
+                node = nodes[node_id]
+                message = json.loads(node.message_json)
+                if node.artifact_id and node.artifact_id in artifacts:
+                    record = _artifact_record(artifacts[node.artifact_id])
+                    raw = self.artifact_bytes(record)
+                    message["content"] = raw.decode("utf-8", "replace") if record.content_type.startswith("text/") \
+                        else json.loads(raw)
+                    message["artifact_id"] = node.artifact_id
+                messages.append(message)
+            return messages
 
     def count_artifacts(self, tenant: str | None = None) -> int:
         with Session(self.engine) as session:

@@ -142,4 +142,5 @@ class ContextAssembly(Base):
     omissions_json: Mapped[str] = mapped_column(Text)
     timings_json: Mapped[str] = mapped_column(Text)
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
+    forwarded_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)  # the projection as sent, compressed
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

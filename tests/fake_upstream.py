@@ -46,12 +46,27 @@ class FakeState:
             return self.script.pop(0) if self.script else Step()
 
 
-def _usage(body: dict[str, Any], step: Step) -> dict[str, Any]:
+def _message_tokens(message: dict[str, Any]) -> int:
+    return max(1, len(json.dumps(message, sort_keys=True)) // 4)
+
+
+def _usage(body: dict[str, Any], step: Step, earlier: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Usage as a provider with a prefix cache reports it: cached = the longest message
+    prefix shared with an earlier request (the gateway's accounting relies on it)."""
     if step.usage is not None:
         return step.usage
-    prompt = sum(len(json.dumps(m)) // 4 for m in body.get("messages", []))
+    messages = body.get("messages", [])
+    prompt = sum(_message_tokens(m) for m in messages)
+    cached = 0
+    for previous in earlier[-50:]:
+        shared = 0
+        for a, b in zip(previous, messages):
+            if a != b:
+                break
+            shared += _message_tokens(b)
+        cached = max(cached, shared)
     return {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _sse(payload: dict[str, Any]) -> str:
@@ -106,6 +121,7 @@ def build_app(state: FakeState) -> FastAPI:
     async def chat(request: Request) -> Any:
         body = await request.json()
         with state.lock:
+            earlier = [r["body"].get("messages", []) for r in state.requests]
             state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers)})
             number = len(state.requests)
         step = state.next_step()
@@ -119,7 +135,7 @@ def build_app(state: FakeState) -> FastAPI:
         message.setdefault("role", "assistant")
         message.setdefault("content", None)
         finish = "tool_calls" if message.get("tool_calls") else "stop"
-        usage = _usage(body, step)
+        usage = _usage(body, step, earlier)
         base = {"id": f"chatcmpl-fake-{number}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": body.get("model", "fake"),
                 "system_fingerprint": "fp_fake"}
