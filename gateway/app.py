@@ -8,7 +8,7 @@ from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -16,6 +16,7 @@ from gateway import chat, dashboard, records_api
 from gateway.auth import KeyRing
 from gateway.config import Settings, tenant_policies
 from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
 from gateway.request_id import RequestIdMiddleware
 from gateway.services import Services
 from gateway.sessions import SessionSigner
@@ -50,6 +51,8 @@ def create_app(
     store: RecordStore | None = None,
     clock: Callable[[], float] = time.time,
 ) -> FastAPI:
+    metrics = GatewayMetrics()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store = store is None
@@ -63,6 +66,7 @@ def create_app(
             policies=tenant_policies(settings),
             clock=clock,
             sessions=SessionSigner(settings.dashboard.session_secret),
+            metrics=metrics,
         )
         try:
             yield
@@ -86,8 +90,13 @@ def create_app(
         await run_in_threadpool(request.app.state.services.store.ping)
         return {"status": "ready"}
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
+        metrics.observe_error(error.code or error.error_type)
         return _error_response(request, error)
 
     @app.exception_handler(RequestValidationError)
@@ -106,6 +115,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
+        metrics.observe_error("internal_error")
         return _error_response(request, GatewayError("The gateway hit an internal error.", code="internal_error"))
 
     return app

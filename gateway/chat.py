@@ -53,6 +53,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+async def _finish(services: Services, run: RunStart, outcome: RunOutcome, assembly: AssemblyRecord | None) -> None:
+    """Record how the run ended (durably) and count it."""
+    await run_in_threadpool(services.store.finish_run, run.request_id, outcome, assembly)
+    services.metrics.observe_run(run.tenant, run.model, outcome, assembly)
+
+
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(request: Request, principal: PrincipalDep, services: ServicesDep) -> Any:
@@ -88,7 +94,7 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
             project, policy, model, path, ingest, services.clock(), run.participant
         )
     except GatewayError as error:
-        await run_in_threadpool(services.store.finish_run, request_id, outcomes.failure(error, started))
+        await _finish(services, run, outcomes.failure(error, started), None)
         raise
     accounting = Accounting(
         prices=services.upstream.prices(model.litellm_params),
@@ -120,21 +126,20 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
     )
     started = time.perf_counter()
     if chat.stream:
-        return await _stream(services, chat, conversation, assembly, accounting, headers, started)
+        return await _stream(services, run, chat, conversation, assembly, accounting, headers, started)
     try:
         response = await forwarding.complete(services.upstream, conversation)
     except GatewayError as error:
-        await run_in_threadpool(
-            services.store.finish_run, request_id, outcomes.failure(error, started, accounting), assembly
-        )
+        await _finish(services, run, outcomes.failure(error, started, accounting), assembly)
         raise
     outcome = outcomes.success(response, started, accounting)
-    await run_in_threadpool(services.store.finish_run, request_id, outcome, assembly)
+    await _finish(services, run, outcome, assembly)
     return JSONResponse(response, headers=headers)
 
 
 async def _stream(
     services: Services,
+    run: RunStart,
     chat: ChatRequest,
     conversation: Conversation,
     assembly: AssemblyRecord,
@@ -149,9 +154,7 @@ async def _stream(
     except StopAsyncIteration:
         first = None
     except GatewayError as error:
-        await run_in_threadpool(
-            services.store.finish_run, request_id, outcomes.failure(error, started, accounting), assembly
-        )
+        await _finish(services, run, outcomes.failure(error, started, accounting), assembly)
         raise
 
     async def replayed_first_round() -> AsyncIterator[dict[str, Any]]:
@@ -188,7 +191,7 @@ async def _stream(
             raise
         finally:
             if outcome is not None:
-                await asyncio.shield(run_in_threadpool(services.store.finish_run, request_id, outcome, assembly))
+                await asyncio.shield(_finish(services, run, outcome, assembly))
 
     return StreamingResponse(
         events(),

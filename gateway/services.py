@@ -7,6 +7,7 @@ from typing import Annotated, Callable
 from fastapi import Depends, Request
 
 from gateway.auth import KeyRing, Principal, authenticate, bearer_key
+from gateway.metrics import GatewayMetrics
 from gateway.sessions import COOKIE, SessionSigner
 from gateway.config import Settings
 from gateway.upstream import UpstreamClient
@@ -23,6 +24,7 @@ class Services:
     policies: dict[str, Policy]  # by tenant id
     clock: Callable[[], float]  # unix seconds; tests move time forward
     sessions: SessionSigner
+    metrics: GatewayMetrics
 
 
 def get_services(request: Request) -> Services:

@@ -1,0 +1,61 @@
+"""Prometheus metrics, one registry per app (tests and replicas never share counters).
+
+Token counters count finished (ok) runs only, as the savings ledger does, so
+the two agree for the runs this process served.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from storage.records import AssemblyRecord, RunOutcome
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_ASSEMBLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("gateway_requests", "Chat requests by tenant, model and status",
+                                ["tenant", "model", "status"], registry=r)
+        self.tokens_sent = Counter("gateway_tokens_sent", "Prompt tokens as the clients sent them",
+                                   ["tenant", "model"], registry=r)
+        self.tokens_forwarded = Counter("gateway_tokens_forwarded", "Prompt tokens as forwarded upstream",
+                                        ["tenant", "model"], registry=r)
+        self.cached_tokens = Counter("gateway_cached_tokens", "Prompt tokens the provider reported as cached",
+                                     ["tenant", "model"], registry=r)
+        self.cost = Counter("gateway_cost_usd", "Cost as forwarded, USD", ["tenant", "model"], registry=r)
+        self.cost_original = Counter("gateway_cost_original_usd", "Cost the client's transcript would have had, USD",
+                                     ["tenant", "model"], registry=r)
+        self.rehydrations = Counter("gateway_rehydrations", "Rehydration calls answered by the gateway",
+                                    ["tenant", "outcome"], registry=r)
+        self.errors = Counter("gateway_errors", "Errors returned to clients, by type", ["type"], registry=r)
+        self.assembly_seconds = Histogram("gateway_assembly_seconds", "Time to assemble a projection",
+                                          buckets=_ASSEMBLY_BUCKETS, registry=r)
+        self.upstream_seconds = Histogram("gateway_upstream_seconds", "Upstream latency, all rounds",
+                                          ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+
+    def observe_run(self, tenant: str, model: str, outcome: RunOutcome, assembly: AssemblyRecord | None) -> None:
+        self.requests.labels(tenant, model, outcome.status).inc()
+        self.upstream_seconds.labels(model).observe(outcome.latency_ms / 1000)
+        if assembly is not None:
+            self.assembly_seconds.observe(assembly.timings_ms.get("assemble", 0.0) / 1000)
+            for decision in assembly.decisions:
+                if decision["action"] in ("rehydrated", "rehydration_refused"):
+                    self.rehydrations.labels(tenant, decision["action"]).inc()
+        if outcome.status != "ok":
+            return
+        self.tokens_sent.labels(tenant, model).inc(outcome.tokens_original or 0)
+        self.tokens_forwarded.labels(tenant, model).inc(outcome.tokens_forwarded or 0)
+        self.cached_tokens.labels(tenant, model).inc(outcome.cached_tokens or 0)
+        self.cost.labels(tenant, model).inc(outcome.cost_usd or 0.0)
+        self.cost_original.labels(tenant, model).inc(outcome.cost_original_usd or 0.0)
+
+    def observe_error(self, error_type: str) -> None:
+        self.errors.labels(error_type).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
