@@ -23,6 +23,7 @@ from gateway.sessions import SessionSigner
 from gateway.upstream import UpstreamClient
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
+from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
 
 log = logging.getLogger("gateway")
@@ -58,6 +59,10 @@ def create_app(
         owned_store = store is None
         record_store = store or build_store(settings, clock)
         await run_in_threadpool(record_store.create_schema)
+        limiter: RateLimiter = (
+            RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)
+            if settings.redis.url else MemoryRateLimiter(clock)
+        )
         app.state.services = Services(
             settings=settings,
             store=record_store,
@@ -67,10 +72,12 @@ def create_app(
             clock=clock,
             sessions=SessionSigner(settings.dashboard.session_secret),
             metrics=metrics,
+            limiter=limiter,
         )
         try:
             yield
         finally:
+            await limiter.close()
             if owned_store:
                 record_store.engine.dispose()
 
@@ -87,7 +94,10 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz(request: Request) -> dict[str, str]:
-        await run_in_threadpool(request.app.state.services.store.ping)
+        services: Services = request.app.state.services
+        await run_in_threadpool(services.store.ping)
+        if isinstance(services.limiter, RedisRateLimiter):
+            await services.limiter.ping()
         return {"status": "ready"}
 
     @app.get("/metrics", include_in_schema=False)

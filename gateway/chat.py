@@ -18,7 +18,7 @@ from gateway import forwarding, outcomes
 from gateway.chat_request import ChatRequest, parse_chat_request
 from gateway.forwarding import Conversation
 from gateway.outcomes import Accounting
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PermissionDenied
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PermissionDenied, RateLimitExceeded
 from gateway.projection import assembly_record, project
 from gateway.rehydration import Rehydrator, tool_schema
 from gateway.request_id import request_id_of
@@ -53,6 +53,24 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+async def _check_limit(services: Services, tenant: str, kind: str, amount: int, limit: int | None) -> dict[str, str]:
+    """Count `amount` against the tenant's per-minute limit; 429 past it. Returns OpenAI-style headers."""
+    if limit is None:
+        return {}
+    verdict = await services.limiter.hit(f"{tenant}:{kind}", amount, limit)
+    headers = {
+        f"x-ratelimit-limit-{kind}": str(verdict.limit),
+        f"x-ratelimit-remaining-{kind}": str(verdict.remaining),
+        f"x-ratelimit-reset-{kind}": f"{verdict.reset_seconds}s",
+    }
+    if not verdict.allowed:
+        raise RateLimitExceeded(
+            f"Rate limit reached for tenant '{tenant}': {limit} {kind} per minute. Try again in "
+            f"{verdict.reset_seconds}s.", headers={"retry-after": str(verdict.reset_seconds), **headers},
+        )
+    return headers
+
+
 async def _finish(services: Services, run: RunStart, outcome: RunOutcome, assembly: AssemblyRecord | None) -> None:
     """Record how the run ended (durably) and count it."""
     await run_in_threadpool(services.store.finish_run, run.request_id, outcome, assembly)
@@ -72,6 +90,7 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
         raise ModelNotFound(
             f"The model '{chat.model}' does not exist or you do not have access to it.", param="model"
         )
+    rate_headers = await _check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
     request_id = request_id_of(request)
     headers = request.headers
     run = RunStart(
@@ -103,9 +122,16 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
         previous_original=ingest.previous_original_tokens,
     )
     assembly = assembly_record(projection, {"ingest": round(ingest_ms, 3)}, run.parent_request_id)
+    try:
+        rate_headers |= await _check_limit(services, tenant.id, "tokens", projection.tokens_forwarded,
+                                           tenant.limits.tokens_per_minute)
+    except GatewayError as error:
+        await _finish(services, run, outcomes.failure(error, started, accounting), assembly)
+        raise
     headers = {
         "x-gateway-tokens-original": str(projection.tokens_original),
         "x-gateway-tokens-forwarded": str(projection.tokens_forwarded),
+        **rate_headers,
     }
     body = chat.upstream_body(projection.messages)
     rehydrator = None

@@ -67,11 +67,17 @@ class ModelSettings(_Strict):
         return value
 
 
+class LimitSettings(_Strict):
+    requests_per_minute: int | None = Field(None, gt=0)
+    tokens_per_minute: int | None = Field(None, gt=0)  # prompt tokens as forwarded
+
+
 class TenantSettings(_Strict):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     api_keys: list[str] = Field(min_length=1)
     policy: str = "default"
     models: list[str] | None = None  # None: every model of the config
+    limits: LimitSettings = LimitSettings()
 
     @field_validator("api_keys")
     @classmethod
@@ -102,7 +108,8 @@ class DashboardSettings(_Strict):
 
 
 class RedisSettings(_Strict):
-    url: str | None = None
+    url: str | None = None  # rate limits shared by replicas; without it, per process
+    key_prefix: str = "gw:"
 
 
 class Settings(_Strict):

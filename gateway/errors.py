@@ -7,6 +7,7 @@
     ├── PermissionDenied (403 permission_error)
     ├── NotFound (404 invalid_request_error)
     │   └── ModelNotFound (404, code model_not_found)
+    ├── RateLimitExceeded (429 rate_limit_error: the tenant's limit here)
     └── UpstreamError (the upstream's status)
         ├── UpstreamRateLimited (429 rate_limit_error)
         ├── UpstreamTimeout (504 timeout)
@@ -82,6 +83,14 @@ class NotFound(GatewayError):
 
 class ModelNotFound(NotFound):
     default_code = "model_not_found"
+
+
+class RateLimitExceeded(GatewayError):
+    """The tenant's own limit in this gateway (not the provider's)."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
 
 
 class UpstreamError(GatewayError):

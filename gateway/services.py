@@ -12,6 +12,7 @@ from gateway.sessions import COOKIE, SessionSigner
 from gateway.config import Settings
 from gateway.upstream import UpstreamClient
 from policies.policy import Policy
+from storage.ratelimit import RateLimiter
 from storage.records import RecordStore
 
 
@@ -25,6 +26,7 @@ class Services:
     clock: Callable[[], float]  # unix seconds; tests move time forward
     sessions: SessionSigner
     metrics: GatewayMetrics
+    limiter: RateLimiter
 
 
 def get_services(request: Request) -> Services:

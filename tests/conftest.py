@@ -81,6 +81,33 @@ def postgres_url() -> Iterator[str]:
     admin.dispose()
 
 
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """The real Redis server, reachable; each test gets its own key prefix via `redis_prefix`."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError as exc:
+        service_unavailable("Redis", exc)
+    finally:
+        client.close()
+    yield REDIS_URL
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    import redis
+
+    prefix = f"gwtest:{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+    client.close()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":

@@ -1,0 +1,80 @@
+"""Per-tenant rate limits in fixed one-minute windows: Redis (shared by replicas) or memory.
+
+`hit(key, amount, limit)` adds `amount` to the current window's count and says
+whether the count is still within `limit`, how much is left, and how many
+seconds remain until the window resets.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import redis.asyncio as aioredis
+
+WINDOW_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_seconds: int
+
+
+class RateLimiter(Protocol):
+    async def hit(self, key: str, amount: int, limit: int) -> Verdict: ...
+
+    async def close(self) -> None: ...
+
+
+def _window(now: float) -> tuple[int, int]:
+    start = int(now // WINDOW_SECONDS) * WINDOW_SECONDS
+    return start, max(1, start + WINDOW_SECONDS - int(now))
+
+
+class MemoryRateLimiter:
+    """For one process (the embedded default)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._counts: dict[tuple[str, int], int] = {}
+        self._lock = asyncio.Lock()
+        self._clock = clock
+
+    async def hit(self, key: str, amount: int, limit: int) -> Verdict:
+        window, reset = _window(self._clock())
+        async with self._lock:
+            for stale in [k for k in self._counts if k[1] < window]:
+                del self._counts[stale]
+            count = self._counts.get((key, window), 0) + amount
+            self._counts[(key, window)] = count
+        return Verdict(count <= limit, limit, max(0, limit - count), reset)
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisRateLimiter:
+    """Shared by every replica: INCRBY on a per-window key that expires with the window."""
+
+    def __init__(self, url: str, prefix: str = "gw:rl:", clock: Callable[[], float] = time.time) -> None:
+        self._redis = aioredis.from_url(url)
+        self._prefix = prefix
+        self._clock = clock
+
+    async def hit(self, key: str, amount: int, limit: int) -> Verdict:
+        window, reset = _window(self._clock())
+        name = f"{self._prefix}{key}:{window}"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.incrby(name, amount)
+            pipe.expire(name, WINDOW_SECONDS * 2)
+            count, _ = await pipe.execute()
+        return Verdict(int(count) <= limit, limit, max(0, limit - int(count)), reset)
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+    async def close(self) -> None:
+        await self._redis.aclose()
