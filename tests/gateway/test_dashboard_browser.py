@@ -300,7 +300,7 @@ def test_inspector_shows_kept_and_compacted_messages(acme_page: Any, seeded: See
     for reason, n in assembly["omissions"].items():
         assert page.inner_text(f"[data-omission='{reason}']").endswith(f": {n}")
     if not assembly["omissions"]:
-        assert "Omitted or replaced\nnothing" in page.inner_text("#omissions")
+        assert "Omitted or withheld\nnothing" in page.inner_text("#omissions")
     # a compacted message's forwarded text names the artifact its raw-artifact link opens
     compacted = page.locator(".decision[data-action=compacted]").first
     link = compacted.locator("xpath=preceding-sibling::div[1]").locator("a.artifact-link")
