@@ -1,6 +1,6 @@
 """The dashboard in a real (headless) browser: sign-in, totals, inspector, artifacts, tenant isolation.
 
-One gateway serves the whole module. Three shared agent traces are replayed
+One gateway serves the whole module. All the shared agent traces are replayed
 through it turn by turn as tenant acme (coding-agent policy, so later turns
 are compacted) and a short conversation with one tool result as globex
 (default policy). Chromium, driven by Playwright's sync API, then signs in
@@ -40,9 +40,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 SCREENSHOTS = REPO / "test-output" / "screenshots"
 
-# Small traces (9-13 turns each) whose later turns the coding-agent policy compacts.
-TRACES = ("sweagent_demo_ctf_rev_rock", "sweagent_demo_fc_marshmallow-1867",
-          "openhands-sdk_gpt-4o_openagentsafety_misconfig")
+# Every shared trace, replayed turn by turn as tenant acme (the coding-agent policy compacts them).
+TRACES = tuple(p.stem for p in trace_files())
 PRICES = {"input_cost_per_token": 3e-6, "output_cost_per_token": 1.5e-5, "cache_read_input_token_cost": 3e-7}
 METRICS = ("requests", "tokens_sent", "tokens_forwarded", "cached_tokens", "cost_usd", "saved_usd")
 USD_METRICS = {"cost_usd", "saved_usd"}
