@@ -14,8 +14,11 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from alembic import command as alembic_command
+from alembic.config import Config as AlembicConfig
 from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
@@ -30,9 +33,10 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.blobs import DirectoryBlobStore
-from storage.schema import Base, ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.schema import ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
+_MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
 def utcnow() -> datetime:
@@ -310,7 +314,17 @@ class RecordStore:
         return datetime.fromtimestamp(self.clock(), timezone.utc)
 
     def create_schema(self) -> None:
-        Base.metadata.create_all(self.engine)
+        """Bring the database to the latest schema (Alembic migrations in storage/migrations).
+
+        On PostgreSQL an advisory lock serialises replicas that start together.
+        """
+        config = AlembicConfig()
+        config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+        with self.engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+            config.attributes["connection"] = connection
+            alembic_command.upgrade(config, "head")
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
