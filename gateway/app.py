@@ -21,6 +21,7 @@ from gateway.request_id import RequestIdMiddleware
 from gateway.services import Services
 from gateway.sessions import SessionSigner
 from gateway.upstream import UpstreamClient
+from policies.tokens import encoding
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
@@ -63,10 +64,13 @@ def create_app(
             RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)
             if settings.redis.url else MemoryRateLimiter(clock)
         )
+        client = upstream or default_upstream()
+        await client.warm_up()
+        await run_in_threadpool(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
             settings=settings,
             store=record_store,
-            upstream=upstream or default_upstream(),
+            upstream=client,
             keyring=KeyRing(settings),
             policies=tenant_policies(settings),
             clock=clock,

@@ -99,6 +99,15 @@ class LiteLLMUpstream:
             kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
         return kwargs
 
+    async def warm_up(self) -> None:
+        """Load what LiteLLM loads on its first call and first stream (offline: a mock answer)."""
+        messages = [{"role": "user", "content": "warm up"}]
+        await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok", api_key="-")
+        stream = await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok",
+                                           api_key="-", stream=True)
+        async for _ in stream:
+            pass
+
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
         try:
             response = await litellm.acompletion(**self._kwargs(request, stream=False))

@@ -34,6 +34,9 @@ class Prices:
 
 
 class UpstreamClient(Protocol):
+    async def warm_up(self) -> None:
+        """Do once, at start, what the first request would otherwise pay for."""
+
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
         """A chat.completion object as a plain dict; raises UpstreamError."""
 

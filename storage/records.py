@@ -368,9 +368,10 @@ class RecordStore:
                 select(func.count()).select_from(ToolArtifact).where(ToolArtifact.session_id == session_id)
             )
             subagent_results = self._subagent_results(session, tenant, session_id, run.parent_request_id)
+            # Node ids hash the tenant in, so the leaf index alone is tenant-scoped.
             previous = session.scalar(
                 select(ModelRun.tokens_original)
-                .where(ModelRun.tenant == tenant, ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
+                .where(ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
                        ModelRun.tokens_original.is_not(None))
                 .order_by(ModelRun.started_at.desc())
                 .limit(1)
@@ -407,17 +408,26 @@ class RecordStore:
     def _subagent_results(
         self, session: Session, tenant: str, session_id: str, own_parent: str | None
     ) -> dict[str, str]:
-        """Results captured by subagent runs whose parent run belongs to this session."""
+        """Results captured by subagent runs whose parent run belongs to this session.
+
+        Driven from the session's runs through the parent_request_id index, so the
+        cost follows the session's size, not the tenant's history.
+        """
         child = aliased(ModelRun)
         parent = aliased(ModelRun)
-        query = (
-            select(ToolArtifact.sha256, ToolArtifact.tool_name)
-            .join(child, ToolArtifact.captured_by_request == child.id)
+        children = (
+            select(child.id)
             .join(parent, child.parent_request_id == parent.id)
-            .where(ToolArtifact.tenant == tenant, parent.session_id == session_id)
+            .where(parent.session_id == session_id, parent.tenant == tenant)
         )
         if own_parent is not None:  # a subagent's own results are not private from itself
-            query = query.where(child.parent_request_id != own_parent)
+            children = children.where(child.parent_request_id != own_parent)
+        child_ids = list(session.scalars(children))
+        if not child_ids:
+            return {}
+        query = select(ToolArtifact.sha256, ToolArtifact.tool_name).where(
+            ToolArtifact.captured_by_request.in_(child_ids)
+        )
         return {sha: name or "" for sha, name in session.execute(query)}
 
     def _artifact_facts(

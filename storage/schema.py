@@ -51,7 +51,7 @@ class ModelRun(Base):
     session_id: Mapped[str] = mapped_column(ID, index=True)
     session_label: Mapped[str | None] = mapped_column(String(256))
     participant: Mapped[str] = mapped_column(String(256))
-    parent_request_id: Mapped[str | None] = mapped_column(ID)
+    parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
     model: Mapped[str] = mapped_column(String(256))
     upstream_model: Mapped[str] = mapped_column(String(256))
     leaf_node_id: Mapped[str] = mapped_column(ID, index=True)
