@@ -26,7 +26,8 @@ from gateway.replay import load_trace, trace_turns  # noqa: E402
 from policies.transcript import message_path  # noqa: E402
 from storage.blobs import DirectoryBlobStore  # noqa: E402
 from storage.database import make_engine  # noqa: E402
-from storage.records import RecordStore, RunStart  # noqa: E402
+from storage.record_types import RunStart  # noqa: E402
+from storage.records import RecordStore  # noqa: E402
 
 TRACE = REPO.parent / "shared" / "traces" / "openhands_codeact_llama4-maverick_ponyc-4588.jsonl"
 

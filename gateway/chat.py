@@ -26,7 +26,7 @@ from gateway.services import PrincipalDep, Services, ServicesDep
 from gateway.streaming import SSE_DONE, StreamAccumulator, sse_event
 from gateway.upstream import UpstreamRequest
 from policies.transcript import message_path
-from storage.records import AssemblyRecord, RunOutcome, RunStart
+from storage.record_types import AssemblyRecord, RunOutcome, RunStart
 
 log = logging.getLogger("gateway.chat")
 router = APIRouter()
@@ -173,7 +173,6 @@ async def _stream(
     headers: dict[str, str],
     started: float,
 ) -> StreamingResponse:
-    request_id = conversation.request.request_id
     first_round = services.upstream.stream(conversation.request).__aiter__()
     try:  # an error before the first chunk is an ordinary HTTP error
         first = await first_round.__anext__()

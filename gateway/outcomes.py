@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.upstream import Prices
-from storage.records import RunOutcome
+from storage.record_types import RunOutcome
 
 
 @dataclass(frozen=True)

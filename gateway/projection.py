@@ -9,7 +9,7 @@ from policies.path_records import records_for_path
 from policies.policy import Policy
 from policies.tokens import encoding_for_model
 from policies.transcript import PathNode
-from storage.records import AssemblyRecord, IngestResult
+from storage.record_types import AssemblyRecord, IngestResult
 
 
 def project(

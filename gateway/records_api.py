@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from gateway.errors import GatewayError, NotFound
 from gateway.savings import ledger, parse_moment
 from gateway.services import PrincipalDep, ServicesDep
-from storage.records import ArtifactCorrupted, ArtifactRecord
+from storage.record_types import ArtifactCorrupted, ArtifactRecord
 from storage.blobs import BlobCorrupted
 
 router = APIRouter(prefix="/api")

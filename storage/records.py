@@ -12,7 +12,6 @@ import hashlib
 import json
 import time
 import zlib
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -33,264 +32,24 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.blobs import DirectoryBlobStore
-from storage.schema import ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.record_types import (
+    ArtifactCorrupted,
+    ArtifactRecord,
+    AssemblyRecord,
+    IngestResult,
+    RunOutcome,
+    RunRecord,
+    RunStart,
+    artifact_from_row,
+    assembly_from_row,
+    assembly_to_row,
+    as_utc,
+    run_as_dict,
+)
+from storage.schema import Base, ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-@dataclass(frozen=True)
-class RunStart:
-    """What is known of a model run before it is forwarded."""
-
-    request_id: str
-    tenant: str
-    participant: str
-    model: str
-    upstream_model: str
-    stream: bool
-    session_label: str | None = None
-    parent_request_id: str | None = None
-    started_at: datetime = field(default_factory=utcnow)
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a model run ended."""
-
-    status: str  # ok | error | client_disconnected
-    latency_ms: float
-    http_status: int | None = None
-    error_type: str | None = None
-    error_message: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    total_tokens: int | None = None
-    cost_usd: float | None = None
-    cost_original_usd: float | None = None
-    tokens_original: int | None = None
-    tokens_forwarded: int | None = None
-    cache_write_tokens: int | None = None
-    finish_reason: str | None = None
-    response: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    session_id: str
-    new_node_ids: tuple[str, ...]
-    new_artifact_ids: tuple[str, ...]
-    path_artifact_ids: tuple[str, ...]
-    observed_at: Mapping[str, float]  # artifact id -> unix seconds it was first captured
-    owners: Mapping[str, str]  # artifact id -> participant that produced it
-    sibling_artifacts: int  # artifacts of the session that are not on this path
-    subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this session
-    previous_original_tokens: int  # the client's transcript tokens on the latest earlier run on this path
-
-
-@dataclass(frozen=True)
-class AssemblyRecord:
-    """A ContextAssembly as the gateway hands it to the store (plain values only)."""
-
-    policy_name: str
-    policy_version: str
-    assembler_version: str
-    tokens_original: int
-    tokens_forwarded: int
-    messages_original: int
-    messages_forwarded: int
-    boundary_round: int
-    epoch_round: int
-    decisions: list[dict[str, Any]]  # one per message; rehydrations are appended as they happen
-    omissions: dict[str, int]
-    timings_ms: dict[str, float]
-    parent_request_id: str | None = None
-    forwarded_messages: list[dict[str, Any]] | None = None  # stored compressed; served by its own call
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "object": "context_assembly",
-            "policy": {"name": self.policy_name, "version": self.policy_version},
-            "assembler_version": self.assembler_version,
-            "tokens": {"original": self.tokens_original, "forwarded": self.tokens_forwarded},
-            "messages": {"original": self.messages_original, "forwarded": self.messages_forwarded},
-            "epoch": {"boundary_round": self.boundary_round, "epoch_round": self.epoch_round},
-            "omissions": self.omissions,
-            "decisions": self.decisions,
-            "rehydrations": sum(1 for d in self.decisions if d["action"] == "rehydrated"),
-            "timings_ms": self.timings_ms,
-            "links": {"parent_request_id": self.parent_request_id},
-        }
-
-
-@dataclass(frozen=True)
-class ArtifactRecord:
-    id: str
-    tenant: str
-    session_id: str
-    node_id: str
-    tool_call_id: str
-    tool_name: str | None
-    arguments: str | None
-    status: str
-    sha256: str
-    bytes: int
-    tokens: int
-    content_type: str
-    owner_participant: str
-    privacy_class: str | None
-    freshness_class: str | None
-    captured_by_request: str
-    observed_at: datetime
-    blob_key: str | None
-
-    def metadata(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "tool_artifact",
-            "tenant": self.tenant,
-            "session_id": self.session_id,
-            "node_id": self.node_id,
-            "tool_call_id": self.tool_call_id,
-            "tool_name": self.tool_name,
-            "arguments": self.arguments,
-            "status": self.status,
-            "sha256": self.sha256,
-            "bytes": self.bytes,
-            "tokens": self.tokens,
-            "content_type": self.content_type,
-            "owner_participant": self.owner_participant,
-            "privacy_class": self.privacy_class,
-            "freshness_class": self.freshness_class,
-            "captured_by_request": self.captured_by_request,
-            "observed_at": self.observed_at.isoformat(),
-            "storage": "blob" if self.blob_key else "inline",
-        }
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    run: dict[str, Any]
-    captured_artifacts: tuple[ArtifactRecord, ...]
-    path_artifact_ids: tuple[str, ...]
-    assembly: AssemblyRecord | None
-
-
-class ArtifactCorrupted(Exception):
-    """Stored artifact bytes no longer match their recorded sha256."""
-
-
-def _artifact_record(row: ToolArtifact) -> ArtifactRecord:
-    return ArtifactRecord(
-        id=row.id,
-        tenant=row.tenant,
-        session_id=row.session_id,
-        node_id=row.node_id,
-        tool_call_id=row.tool_call_id,
-        tool_name=row.tool_name,
-        arguments=row.arguments,
-        status=row.status,
-        sha256=row.sha256,
-        bytes=row.size_bytes,
-        tokens=row.tokens,
-        content_type=row.content_type,
-        owner_participant=row.owner_participant,
-        privacy_class=row.privacy_class,
-        freshness_class=row.freshness_class,
-        captured_by_request=row.captured_by_request,
-        observed_at=_aware(row.observed_at),
-        blob_key=row.blob_key,
-    )
-
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite hands datetimes back naive; they were stored as UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
-def _run_dict(row: ModelRun) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "object": "model_run",
-        "tenant": row.tenant,
-        "session_id": row.session_id,
-        "session_label": row.session_label,
-        "participant": row.participant,
-        "parent_request_id": row.parent_request_id,
-        "model": row.model,
-        "upstream_model": row.upstream_model,
-        "leaf_node_id": row.leaf_node_id,
-        "message_count": row.message_count,
-        "stream": row.stream,
-        "status": row.status,
-        "http_status": row.http_status,
-        "error": (
-            {"type": row.error_type, "message": row.error_message} if row.error_type else None
-        ),
-        "usage": {
-            "prompt_tokens": row.prompt_tokens,
-            "completion_tokens": row.completion_tokens,
-            "cached_tokens": row.cached_tokens,
-            "cache_write_tokens": row.cache_write_tokens,
-            "total_tokens": row.total_tokens,
-        },
-        "cost_usd": row.cost_usd,
-        "cost_original_usd": row.cost_original_usd,
-        "tokens": {"original": row.tokens_original, "forwarded": row.tokens_forwarded},
-        "latency_ms": row.latency_ms,
-        "finish_reason": row.finish_reason,
-        "response": json.loads(row.response_json) if row.response_json else None,
-        "started_at": _aware(row.started_at).isoformat(),
-        "finished_at": _aware(row.finished_at).isoformat() if row.finished_at else None,
-    }
-
-
-def _assembly_row(request_id: str, tenant: str, record: AssemblyRecord) -> ContextAssembly:
-    return ContextAssembly(
-        request_id=request_id,
-        tenant=tenant,
-        policy_name=record.policy_name,
-        policy_version=record.policy_version,
-        assembler_version=record.assembler_version,
-        tokens_original=record.tokens_original,
-        tokens_forwarded=record.tokens_forwarded,
-        messages_original=record.messages_original,
-        messages_forwarded=record.messages_forwarded,
-        boundary_round=record.boundary_round,
-        epoch_round=record.epoch_round,
-        decisions_json=json.dumps(record.decisions, separators=(",", ":")),
-        omissions_json=json.dumps(record.omissions, separators=(",", ":")),
-        timings_json=json.dumps(record.timings_ms, separators=(",", ":")),
-        parent_request_id=record.parent_request_id,
-        forwarded_zlib=(
-            zlib.compress(canonical_json(record.forwarded_messages).encode("utf-8", "surrogatepass"))
-            if record.forwarded_messages is not None else None
-        ),
-        created_at=utcnow(),
-    )
-
-
-def _assembly_record(row: ContextAssembly) -> AssemblyRecord:
-    return AssemblyRecord(
-        policy_name=row.policy_name,
-        policy_version=row.policy_version,
-        assembler_version=row.assembler_version,
-        tokens_original=row.tokens_original,
-        tokens_forwarded=row.tokens_forwarded,
-        messages_original=row.messages_original,
-        messages_forwarded=row.messages_forwarded,
-        boundary_round=row.boundary_round,
-        epoch_round=row.epoch_round,
-        decisions=json.loads(row.decisions_json),
-        omissions=json.loads(row.omissions_json),
-        timings_ms=json.loads(row.timings_json),
-        parent_request_id=row.parent_request_id,
-    )
 
 
 class RecordStore:
@@ -442,7 +201,7 @@ class RecordStore:
                 .where(ToolArtifact.id.in_(chunk))
             )
             for artifact_id, moment, owner in rows:
-                observed[artifact_id] = _aware(moment).timestamp()
+                observed[artifact_id] = as_utc(moment).timestamp()
                 owners[artifact_id] = owner
         return observed, owners
 
@@ -595,7 +354,7 @@ class RecordStore:
                 update(ModelRun).where(ModelRun.id == request_id).values(**values).returning(ModelRun.tenant)
             )
             if assembly is not None and tenant is not None:
-                session.add(_assembly_row(request_id, tenant, assembly))
+                session.add(assembly_to_row(request_id, tenant, assembly))
 
     # -- reading -------------------------------------------------------------
 
@@ -606,7 +365,7 @@ class RecordStore:
             if tenant is not None:
                 query = query.where(ToolArtifact.tenant == tenant)
             row = session.scalar(query)
-            return _artifact_record(row) if row else None
+            return artifact_from_row(row) if row else None
 
     def get_call_arguments(self, artifact_id: str, tenant: str | None) -> tuple[str, dict[str, Any]] | None:
         """The raw arguments of a tool call served as an `args_...` artifact, and its metadata."""
@@ -664,10 +423,10 @@ class RecordStore:
             ).all()
             assembly = session.get(ContextAssembly, request_id)
             return RunRecord(
-                run=_run_dict(row),
-                captured_artifacts=tuple(_artifact_record(a) for a in captured),
+                run=run_as_dict(row),
+                captured_artifacts=tuple(artifact_from_row(a) for a in captured),
                 path_artifact_ids=tuple(self._path_artifact_ids(session, row.leaf_node_id)),
-                assembly=_assembly_record(assembly) if assembly else None,
+                assembly=assembly_from_row(assembly) if assembly else None,
             )
 
     def _path_artifact_ids(self, session: Session, leaf_id: str) -> list[str]:
@@ -725,8 +484,8 @@ class RecordStore:
             for values in session.execute(query):
                 row = dict(zip(keys, values))
                 row["day"] = str(row["day"])[:10]
-                row["first_at"] = _aware(row["first_at"]).isoformat()
-                row["last_at"] = _aware(row["last_at"]).isoformat()
+                row["first_at"] = as_utc(row["first_at"]).isoformat()
+                row["last_at"] = as_utc(row["last_at"]).isoformat()
                 rows.append(row)
             return rows
 
@@ -738,7 +497,7 @@ class RecordStore:
         if session_key is not None:
             query = query.where(func.coalesce(ModelRun.session_label, ModelRun.session_id) == session_key)
         with Session(self.engine) as session:
-            return [_run_dict(row) for row in session.scalars(query)]
+            return [run_as_dict(row) for row in session.scalars(query)]
 
     def path_messages(self, leaf_id: str) -> list[dict[str, Any]]:
         """The transcript a request carried, rebuilt from its nodes and artifacts."""
@@ -763,7 +522,7 @@ class RecordStore:
                 node = nodes[node_id]
                 message = json.loads(node.message_json)
                 if node.artifact_id and node.artifact_id in artifacts:
-                    record = _artifact_record(artifacts[node.artifact_id])
+                    record = artifact_from_row(artifacts[node.artifact_id])
                     raw = self.artifact_bytes(record)
                     message["content"] = raw.decode("utf-8", "replace") if record.content_type.startswith("text/") \
                         else json.loads(raw)
@@ -783,7 +542,7 @@ class RecordStore:
             rows = session.scalars(
                 select(ToolArtifact).where(ToolArtifact.session_id == session_id)
             ).all()
-            return [_artifact_record(r) for r in rows]
+            return [artifact_from_row(r) for r in rows]
 
     def iter_tool_calls(self, tenant: str) -> Iterable[dict[str, Any]]:
         with Session(self.engine) as session:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-import httpx
 import pytest
 
 from gateway.replay import trace_turns

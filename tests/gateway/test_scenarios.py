@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from tests.conftest import TENANT_KEY, RunningGateway, settings_for, start_gateway
+from tests.conftest import TENANT_KEY, RunningGateway, settings_for
 from tests.fake_upstream import FakeUpstream
 
 FILLER = "\n".join(f"row {i}: status nominal, nothing to report for this line" for i in range(120))

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from policies.transcript import artifact_id_for, message_path
-from storage.records import RecordStore, RunOutcome, RunStart
+from storage.records import RecordStore
+from storage.record_types import RunOutcome, RunStart
 from tests.conftest import make_store
 
 TOOL_ROUND = [

@@ -6,7 +6,6 @@ Create Date: 2026-11-29 15:40:27.234452
 """
 from __future__ import annotations
 
-import sqlalchemy as sa
 from alembic import op
 
 

@@ -1,0 +1,269 @@
+"""The record store's values: what goes in (RunStart, RunOutcome, AssemblyRecord) and
+what comes out (IngestResult, ArtifactRecord, RunRecord), and their row conversions.
+
+Plain frozen dataclasses, so the gateway never handles ORM objects.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from policies.transcript import canonical_json
+from storage.schema import ContextAssembly, ModelRun, ToolArtifact
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What is known of a model run before it is forwarded."""
+
+    request_id: str
+    tenant: str
+    participant: str
+    model: str
+    upstream_model: str
+    stream: bool
+    session_label: str | None = None
+    parent_request_id: str | None = None
+    started_at: datetime = field(default_factory=utcnow)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a model run ended."""
+
+    status: str  # ok | error | client_disconnected
+    latency_ms: float
+    http_status: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    total_tokens: int | None = None
+    cost_usd: float | None = None
+    cost_original_usd: float | None = None
+    tokens_original: int | None = None
+    tokens_forwarded: int | None = None
+    cache_write_tokens: int | None = None
+    finish_reason: str | None = None
+    response: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    session_id: str
+    new_node_ids: tuple[str, ...]
+    new_artifact_ids: tuple[str, ...]
+    path_artifact_ids: tuple[str, ...]
+    observed_at: Mapping[str, float]  # artifact id -> unix seconds it was first captured
+    owners: Mapping[str, str]  # artifact id -> participant that produced it
+    sibling_artifacts: int  # artifacts of the session that are not on this path
+    subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this session
+    previous_original_tokens: int  # the client's transcript tokens on the latest earlier run on this path
+
+
+@dataclass(frozen=True)
+class AssemblyRecord:
+    """A ContextAssembly as the gateway hands it to the store (plain values only)."""
+
+    policy_name: str
+    policy_version: str
+    assembler_version: str
+    tokens_original: int
+    tokens_forwarded: int
+    messages_original: int
+    messages_forwarded: int
+    boundary_round: int
+    epoch_round: int
+    decisions: list[dict[str, Any]]  # one per message; rehydrations are appended as they happen
+    omissions: dict[str, int]
+    timings_ms: dict[str, float]
+    parent_request_id: str | None = None
+    forwarded_messages: list[dict[str, Any]] | None = None  # stored compressed; served by its own call
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "object": "context_assembly",
+            "policy": {"name": self.policy_name, "version": self.policy_version},
+            "assembler_version": self.assembler_version,
+            "tokens": {"original": self.tokens_original, "forwarded": self.tokens_forwarded},
+            "messages": {"original": self.messages_original, "forwarded": self.messages_forwarded},
+            "epoch": {"boundary_round": self.boundary_round, "epoch_round": self.epoch_round},
+            "omissions": self.omissions,
+            "decisions": self.decisions,
+            "rehydrations": sum(1 for d in self.decisions if d["action"] == "rehydrated"),
+            "timings_ms": self.timings_ms,
+            "links": {"parent_request_id": self.parent_request_id},
+        }
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    id: str
+    tenant: str
+    session_id: str
+    node_id: str
+    tool_call_id: str
+    tool_name: str | None
+    arguments: str | None
+    status: str
+    sha256: str
+    bytes: int
+    tokens: int
+    content_type: str
+    owner_participant: str
+    privacy_class: str | None
+    freshness_class: str | None
+    captured_by_request: str
+    observed_at: datetime
+    blob_key: str | None
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "tool_artifact",
+            "tenant": self.tenant,
+            "session_id": self.session_id,
+            "node_id": self.node_id,
+            "tool_call_id": self.tool_call_id,
+            "tool_name": self.tool_name,
+            "arguments": self.arguments,
+            "status": self.status,
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "tokens": self.tokens,
+            "content_type": self.content_type,
+            "owner_participant": self.owner_participant,
+            "privacy_class": self.privacy_class,
+            "freshness_class": self.freshness_class,
+            "captured_by_request": self.captured_by_request,
+            "observed_at": self.observed_at.isoformat(),
+            "storage": "blob" if self.blob_key else "inline",
+        }
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run: dict[str, Any]
+    captured_artifacts: tuple[ArtifactRecord, ...]
+    path_artifact_ids: tuple[str, ...]
+    assembly: AssemblyRecord | None
+
+
+class ArtifactCorrupted(Exception):
+    """Stored artifact bytes no longer match their recorded sha256."""
+
+
+def artifact_from_row(row: ToolArtifact) -> ArtifactRecord:
+    return ArtifactRecord(
+        id=row.id,
+        tenant=row.tenant,
+        session_id=row.session_id,
+        node_id=row.node_id,
+        tool_call_id=row.tool_call_id,
+        tool_name=row.tool_name,
+        arguments=row.arguments,
+        status=row.status,
+        sha256=row.sha256,
+        bytes=row.size_bytes,
+        tokens=row.tokens,
+        content_type=row.content_type,
+        owner_participant=row.owner_participant,
+        privacy_class=row.privacy_class,
+        freshness_class=row.freshness_class,
+        captured_by_request=row.captured_by_request,
+        observed_at=as_utc(row.observed_at),
+        blob_key=row.blob_key,
+    )
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands datetimes back naive; they were stored as UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def run_as_dict(row: ModelRun) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "model_run",
+        "tenant": row.tenant,
+        "session_id": row.session_id,
+        "session_label": row.session_label,
+        "participant": row.participant,
+        "parent_request_id": row.parent_request_id,
+        "model": row.model,
+        "upstream_model": row.upstream_model,
+        "leaf_node_id": row.leaf_node_id,
+        "message_count": row.message_count,
+        "stream": row.stream,
+        "status": row.status,
+        "http_status": row.http_status,
+        "error": (
+            {"type": row.error_type, "message": row.error_message} if row.error_type else None
+        ),
+        "usage": {
+            "prompt_tokens": row.prompt_tokens,
+            "completion_tokens": row.completion_tokens,
+            "cached_tokens": row.cached_tokens,
+            "cache_write_tokens": row.cache_write_tokens,
+            "total_tokens": row.total_tokens,
+        },
+        "cost_usd": row.cost_usd,
+        "cost_original_usd": row.cost_original_usd,
+        "tokens": {"original": row.tokens_original, "forwarded": row.tokens_forwarded},
+        "latency_ms": row.latency_ms,
+        "finish_reason": row.finish_reason,
+        "response": json.loads(row.response_json) if row.response_json else None,
+        "started_at": as_utc(row.started_at).isoformat(),
+        "finished_at": as_utc(row.finished_at).isoformat() if row.finished_at else None,
+    }
+
+
+def assembly_to_row(request_id: str, tenant: str, record: AssemblyRecord) -> ContextAssembly:
+    return ContextAssembly(
+        request_id=request_id,
+        tenant=tenant,
+        policy_name=record.policy_name,
+        policy_version=record.policy_version,
+        assembler_version=record.assembler_version,
+        tokens_original=record.tokens_original,
+        tokens_forwarded=record.tokens_forwarded,
+        messages_original=record.messages_original,
+        messages_forwarded=record.messages_forwarded,
+        boundary_round=record.boundary_round,
+        epoch_round=record.epoch_round,
+        decisions_json=json.dumps(record.decisions, separators=(",", ":")),
+        omissions_json=json.dumps(record.omissions, separators=(",", ":")),
+        timings_json=json.dumps(record.timings_ms, separators=(",", ":")),
+        parent_request_id=record.parent_request_id,
+        forwarded_zlib=(
+            zlib.compress(canonical_json(record.forwarded_messages).encode("utf-8", "surrogatepass"))
+            if record.forwarded_messages is not None else None
+        ),
+        created_at=utcnow(),
+    )
+
+
+def assembly_from_row(row: ContextAssembly) -> AssemblyRecord:
+    return AssemblyRecord(
+        policy_name=row.policy_name,
+        policy_version=row.policy_version,
+        assembler_version=row.assembler_version,
+        tokens_original=row.tokens_original,
+        tokens_forwarded=row.tokens_forwarded,
+        messages_original=row.messages_original,
+        messages_forwarded=row.messages_forwarded,
+        boundary_round=row.boundary_round,
+        epoch_round=row.epoch_round,
+        decisions=json.loads(row.decisions_json),
+        omissions=json.loads(row.omissions_json),
+        timings_ms=json.loads(row.timings_json),
+        parent_request_id=row.parent_request_id,
+    )
