@@ -175,8 +175,12 @@ def _without_content(chunk: dict[str, Any], *, keep_content: bool, drop_calls: b
 
 
 def _release_without_gateway_calls(held: list[dict[str, Any]], rehydrator: Rehydrator) -> list[dict[str, Any]]:
-    """Held chunks minus the gateway tool's deltas (identified by index once its name was seen)."""
+    """Held chunks minus the gateway tool's deltas (identified by index once its name was seen).
+
+    If no client call is left, a `tool_calls` finish becomes `stop`, as in the JSON path.
+    """
     gateway_indexes: set[int] = set()
+    client_calls = False
     out = []
     for chunk in held:
         choices = []
@@ -188,12 +192,15 @@ def _release_without_gateway_calls(held: list[dict[str, Any]], rehydrator: Rehyd
                     gateway_indexes.add(call.get("index", 0))
                 if call.get("index", 0) not in gateway_indexes:
                     kept.append(call)
+                    client_calls = True
             if "tool_calls" in delta:
                 if kept:
                     delta["tool_calls"] = kept
                 else:
                     delta.pop("tool_calls")
             finish = choice.get("finish_reason")
+            if finish == "tool_calls" and not client_calls:
+                finish = "stop"
             choices.append({**choice, "delta": delta, "finish_reason": finish})
         out.append({**chunk, "choices": choices})
     return out

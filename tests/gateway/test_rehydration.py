@@ -263,3 +263,27 @@ def test_client_calls_beside_a_rehydration_are_dropped_and_the_model_asked_again
     hidden_call = second[-2]
     assert [c["id"] for c in hidden_call["tool_calls"]] == ["gw_1"]  # the client's call of that round was dropped
     assert second[-1]["content"] == INVOICE
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_past_the_round_bound_the_client_gets_no_gateway_call(gateway: RunningGateway, stream: bool) -> None:
+    messages = invoice_conversation()
+    artifact_id = compacted_invoice_id(gateway, messages)
+    messages += [{"role": "assistant", "content": "noted"}, {"role": "user", "content": "Total?"}]
+    gateway.fake.reset()
+    for n in range(3):  # max_rounds is 2: the third call to the gateway's tool is not answered
+        step = rehydrate(artifact_id, call_id=f"gw_{n}")
+        step["content"] = "Checking." if n == 2 else None
+        gateway.fake.script_message(step)
+    client = openai.OpenAI(base_url=gateway.api_base, api_key=TENANT_KEY, max_retries=0)
+    if stream:
+        chunks = list(client.chat.completions.create(model="fake", messages=messages, tools=TOOLS, stream=True))
+        dumped = json.dumps([c.model_dump() for c in chunks])
+        assert "gateway_rehydrate" not in dumped and "gw_" not in dumped
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finish == ["stop"]
+    else:
+        completion = client.chat.completions.create(model="fake", messages=messages, tools=TOOLS)
+        assert completion.choices[0].message.tool_calls is None
+        assert completion.choices[0].finish_reason == "stop"
+    assert len(gateway.fake.requests) == 3
