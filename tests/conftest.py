@@ -39,6 +39,15 @@ POSTGRES_URL = os.environ.get(
 REDIS_URL = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REQUIRE_SERVICES = os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES") == "1"
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
 TENANT_KEY = "sk-acme-1"
 OTHER_TENANT_KEY = "sk-globex-1"
 ADMIN_KEY = "sk-admin"

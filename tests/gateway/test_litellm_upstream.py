@@ -35,20 +35,13 @@ from gateway.errors import (
 )
 from gateway.litellm_upstream import LiteLLMUpstream
 from gateway.upstream import UpstreamRequest
+from tests.conftest import WEATHER_TOOL
 
 API_BASE = "http://upstream.test/v1"
 URL = f"{API_BASE}/chat/completions"
 API_KEY = "sk-upstream-test"
 PARAMS: dict[str, Any] = {"model": "openai/fake", "api_base": API_BASE, "api_key": API_KEY}
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Weather in Paris?"}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 PRICING = {
     "input_cost_per_token": 1e-6,
     "output_cost_per_token": 2e-6,

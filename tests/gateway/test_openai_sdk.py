@@ -6,16 +6,8 @@ import json
 import openai
 import pytest
 
-from tests.conftest import TENANT_KEY, RunningGateway
+from tests.conftest import TENANT_KEY, WEATHER_TOOL, RunningGateway
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 TOOL_CALL_MESSAGE = {
     "role": "assistant",
     "content": None,
