@@ -15,7 +15,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from gateway import forwarding, outcomes
+from gateway.auth import Principal
 from gateway.chat_request import ChatRequest, parse_chat_request
+from gateway.config import ModelSettings
 from gateway.forwarding import Conversation
 from gateway.outcomes import Accounting
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PermissionDenied, RateLimitExceeded
@@ -25,6 +27,8 @@ from gateway.request_id import request_id_of
 from gateway.services import PrincipalDep, Services, ServicesDep
 from gateway.streaming import SSE_DONE, StreamAccumulator, sse_event
 from gateway.upstream import UpstreamRequest
+from policies.assembler import Projection, Records
+from policies.policy import Policy
 from policies.transcript import message_path
 from storage.record_types import AssemblyRecord, RunOutcome, RunStart
 
@@ -77,6 +81,50 @@ async def _finish(services: Services, run: RunStart, outcome: RunOutcome, assemb
     services.metrics.observe_run(run.tenant, run.model, outcome, assembly)
 
 
+def _run_start(request: Request, principal: Principal, chat: ChatRequest, model: ModelSettings) -> RunStart:
+    """What the request says about the run: who asks, for which model, in which session."""
+    headers = request.headers
+    assert principal.tenant is not None
+    return RunStart(
+        request_id=request_id_of(request),
+        tenant=principal.tenant.id,
+        participant=headers.get("x-gateway-participant") or principal.key_id,
+        model=chat.model,
+        upstream_model=str(model.litellm_params["model"]),
+        stream=chat.stream,
+        session_label=next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None),
+        parent_request_id=headers.get("x-gateway-parent-request"),
+    )
+
+
+def _conversation(
+    services: Services,
+    run: RunStart,
+    chat: ChatRequest,
+    model: ModelSettings,
+    policy: Policy,
+    projection: Projection,
+    records: Records,
+    assembly: AssemblyRecord,
+) -> Conversation:
+    """The upstream request: the projection, plus the rehydration tool when it names artifacts."""
+    body = chat.upstream_body(projection.messages)
+    rehydrator = None
+    if projection.names_artifacts and chat.body.get("tools") and policy.rehydration.max_rounds > 0:
+        rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=run.tenant,
+                                participant=run.participant, provider=model.provider_name,
+                                decisions=assembly.decisions)
+        body["tools"] = [*chat.body["tools"], tool_schema(rehydrator.name)]
+    request = UpstreamRequest(
+        alias=chat.model,
+        litellm_params=model.litellm_params,
+        body=body,
+        timeout_seconds=services.settings.server.upstream_timeout_seconds,
+        request_id=run.request_id,
+    )
+    return Conversation(request=request, rehydrator=rehydrator)
+
+
 @router.post("/v1/chat/completions")
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(request: Request, principal: PrincipalDep, services: ServicesDep) -> Any:
@@ -91,18 +139,7 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
             f"The model '{chat.model}' does not exist or you do not have access to it.", param="model"
         )
     rate_headers = await _check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
-    request_id = request_id_of(request)
-    headers = request.headers
-    run = RunStart(
-        request_id=request_id,
-        tenant=tenant.id,
-        participant=headers.get("x-gateway-participant") or principal.key_id,
-        model=chat.model,
-        upstream_model=str(model.litellm_params["model"]),
-        stream=chat.stream,
-        session_label=next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None),
-        parent_request_id=headers.get("x-gateway-parent-request"),
-    )
+    run = _run_start(request, principal, chat, model)
     path = message_path(tenant.id, chat.messages)
     started = time.perf_counter()
     ingest = await run_in_threadpool(services.store.ingest, path, run)
@@ -133,23 +170,7 @@ async def chat_completions(request: Request, principal: PrincipalDep, services: 
         "x-gateway-tokens-forwarded": str(projection.tokens_forwarded),
         **rate_headers,
     }
-    body = chat.upstream_body(projection.messages)
-    rehydrator = None
-    if projection.names_artifacts and chat.body.get("tools") and policy.rehydration.max_rounds > 0:
-        rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=tenant.id,
-                                participant=run.participant, provider=model.provider_name,
-                                decisions=assembly.decisions)
-        body["tools"] = [*chat.body["tools"], tool_schema(rehydrator.name)]
-    conversation = Conversation(
-        request=UpstreamRequest(
-            alias=chat.model,
-            litellm_params=model.litellm_params,
-            body=body,
-            timeout_seconds=settings.server.upstream_timeout_seconds,
-            request_id=request_id,
-        ),
-        rehydrator=rehydrator,
-    )
+    conversation = _conversation(services, run, chat, model, policy, projection, records, assembly)
     started = time.perf_counter()
     if chat.stream:
         return await _stream(services, run, chat, conversation, assembly, accounting, headers, started)
