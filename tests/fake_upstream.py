@@ -33,6 +33,7 @@ class Step:
     delay: float = 0.0
     usage: dict[str, Any] | None = None
     break_stream_after: int | None = None  # drop the connection after N chunks
+    chunk_delay: float = 0.0  # seconds between SSE chunks
 
 
 @dataclass
@@ -153,7 +154,7 @@ def build_app(state: FakeState) -> FastAPI:
                 if step.break_stream_after is not None and sent >= step.break_stream_after:
                     raise RuntimeError("scripted broken stream")
                 yield _sse(payload)
-                await asyncio.sleep(0)
+                await asyncio.sleep(step.chunk_delay)
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
