@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from gateway.errors import GatewayError, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.savings import ledger, parse_moment
 from gateway.services import PrincipalDep, ServicesDep
 from storage.record_types import ArtifactCorrupted, ArtifactRecord
@@ -69,6 +69,19 @@ async def artifact_metadata(artifact_id: str, principal: PrincipalDep, services:
         return (await _call_arguments(services, principal, artifact_id))[1]
     record = await _artifact(services, principal, artifact_id)
     return record.metadata()
+
+
+@router.delete("/sessions/{session_key}")
+async def delete_session(session_key: str, principal: PrincipalDep, services: ServicesDep,
+                         tenant: str | None = None) -> dict[str, Any]:
+    """Delete a conversation and everything captured from it (a tenant key: its own; admin: `?tenant=`)."""
+    owner = principal.scope() or tenant
+    if owner is None:
+        raise InvalidRequest("an admin key names the tenant: ?tenant=<id>", param="tenant")
+    counts = await run_in_threadpool(services.store.delete_session, owner, session_key)
+    if not counts:
+        raise NotFound(f"No session '{session_key}'.", param="session_key", code="session_not_found")
+    return {"object": "session.deleted", "id": session_key, "tenant": owner, "deleted": counts}
 
 
 @router.get("/savings")

@@ -50,6 +50,14 @@ class DirectoryBlobStore:
             os.close(dir_fd)
         return key
 
+    def delete(self, key: str) -> int:
+        """Remove a blob; 1 if it was there, 0 if not."""
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            return 0
+        return 1
+
     def get(self, key: str) -> bytes:
         data = self._path(key).read_bytes()
         if hashlib.sha256(data).hexdigest() != key:

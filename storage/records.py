@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from alembic import command as alembic_command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
@@ -529,6 +529,53 @@ class RecordStore:
                     message["artifact_id"] = node.artifact_id
                 messages.append(message)
             return messages
+
+    def delete_session(self, tenant: str, session_key: str) -> dict[str, int]:
+        """Delete a conversation: its runs, assemblies, tool calls, artifacts and message tree.
+
+        `session_key` is a session id (the tree's root) or a label sent in a session
+        header (every tree carrying it). Blobs go when no artifact of any tenant still
+        names them (they are shared by content). Returns the rows deleted, by table.
+        """
+        with Session(self.engine) as session, session.begin():
+            roots = set(session.scalars(
+                select(ModelRun.session_id).where(
+                    ModelRun.tenant == tenant,
+                    (ModelRun.session_id == session_key) | (ModelRun.session_label == session_key),
+                )
+            ))
+            roots |= set(session.scalars(
+                select(MessageNode.session_id).where(MessageNode.tenant == tenant, MessageNode.id == session_key)
+            ))
+            if not roots:
+                return {}
+            runs = select(ModelRun.id).where(ModelRun.tenant == tenant, ModelRun.session_id.in_(roots))
+            nodes = select(MessageNode.id).where(MessageNode.tenant == tenant, MessageNode.session_id.in_(roots))
+            blob_keys = set(session.scalars(
+                select(ToolArtifact.blob_key).where(ToolArtifact.tenant == tenant, ToolArtifact.session_id.in_(roots),
+                                                    ToolArtifact.blob_key.is_not(None))
+            ))
+            counts = {
+                "context_assemblies": session.execute(
+                    delete(ContextAssembly).where(ContextAssembly.request_id.in_(runs))).rowcount,
+                "tool_artifacts": session.execute(
+                    delete(ToolArtifact).where(ToolArtifact.tenant == tenant, ToolArtifact.session_id.in_(roots))
+                ).rowcount,
+                "tool_calls": session.execute(delete(ToolCall).where(ToolCall.node_id.in_(nodes))).rowcount,
+                "model_runs": session.execute(
+                    delete(ModelRun).where(ModelRun.tenant == tenant, ModelRun.session_id.in_(roots))).rowcount,
+                "message_nodes": session.execute(
+                    delete(MessageNode).where(MessageNode.tenant == tenant, MessageNode.session_id.in_(roots))
+                ).rowcount,
+            }
+            still_named = set(session.scalars(
+                select(ToolArtifact.blob_key).where(ToolArtifact.blob_key.in_(blob_keys))
+            )) if blob_keys else set()
+        removed = 0
+        for key in blob_keys - still_named:  # after the commit: a crash leaves an orphan file, never a dangling row
+            removed += self.blobs.delete(key)
+        counts["blobs"] = removed
+        return counts
 
     def count_artifacts(self, tenant: str | None = None) -> int:
         with Session(self.engine) as session:

@@ -1,0 +1,77 @@
+"""Deleting a conversation removes everything captured from it, and nothing of anyone else's."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.conftest import ADMIN_KEY, OTHER_TENANT_KEY, RunningGateway, settings_for, start_gateway
+from tests.fake_upstream import FakeUpstream
+
+BIG = "build log line with some words in it\n" * 400  # over the 1 KiB inline bound below: a blob
+
+
+@pytest.fixture
+def gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    settings = settings_for(fake.api_base, storage_url, tmp_path, storage={
+        "url": storage_url, "blob_dir": str(tmp_path / "blobs"), "inline_max_bytes": 1024})
+    running, server = start_gateway(settings, fake)
+    yield running
+    server.stop()
+
+
+def conversation(opening: str) -> list[dict]:
+    return [{"role": "user", "content": opening},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "build", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": BIG}]
+
+
+def send(gateway: RunningGateway, messages: list[dict], key: str = "sk-acme-1", label: str | None = None) -> dict:
+    with gateway.client(key=key) as http:
+        response = http.post("/v1/chat/completions", json={"model": "fake", "messages": messages},
+                             headers={"x-gateway-session": label} if label else {})
+        assert response.status_code == 200
+        return http.get(f"/api/requests/{response.headers['x-gateway-request-id']}").json()
+
+
+def test_delete_a_labelled_session(gateway: RunningGateway, tmp_path: Path) -> None:
+    mine = send(gateway, conversation("Build project A."), label="ticket-1")
+    kept = send(gateway, conversation("Build project B."), label="ticket-2")
+    theirs = send(gateway, conversation("Build project A."), key=OTHER_TENANT_KEY)  # same bytes, other tenant
+    blob = next(p for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    with gateway.client() as http:
+        response = http.delete("/api/sessions/ticket-1")
+        assert response.status_code == 200
+        deleted = response.json()["deleted"]
+        assert deleted["model_runs"] == 1 and deleted["tool_artifacts"] == 1 and deleted["message_nodes"] == 3
+        assert deleted["blobs"] == 0  # the same content is still another tenant's artifact
+        assert http.get(f"/api/requests/{mine['id']}").status_code == 404
+        assert http.get(f"/api/artifacts/{mine['captured_artifact_ids'][0]}").status_code == 404
+        assert http.get(f"/api/requests/{kept['id']}").json()["status"] == "ok"
+        assert {s["session"] for s in http.get("/api/savings").json()["by_session"]} == {"ticket-2"}
+        assert http.delete("/api/sessions/ticket-1").status_code == 404
+    with gateway.client(key=OTHER_TENANT_KEY) as http:
+        artifact = theirs["captured_artifact_ids"][0]
+        assert http.get(f"/api/artifacts/{artifact}").content == BIG.encode()
+        assert http.delete("/api/sessions/ticket-2").status_code == 404  # not theirs to delete
+    with gateway.client(key=ADMIN_KEY) as http:
+        assert http.delete("/api/sessions/ticket-2").status_code == 400  # admin names the tenant
+        assert http.delete(f"/api/sessions/{theirs['session_id']}", params={"tenant": "globex"}).status_code == 200
+    assert blob.exists()  # acme's ticket-2 holds the same output
+    with gateway.client() as http:
+        assert http.delete("/api/sessions/ticket-2").json()["deleted"]["blobs"] == 1
+    assert not blob.exists()  # no artifact names it any more
+
+
+def test_delete_by_session_id_removes_the_whole_tree(gateway: RunningGateway) -> None:
+    first = send(gateway, conversation("Build project A."))
+    branch = conversation("Build project A.") + [{"role": "assistant", "content": "done"},
+                                                 {"role": "user", "content": "again"}]
+    second = send(gateway, branch)
+    assert first["session_id"] == second["session_id"]
+    with gateway.client() as http:
+        deleted = http.delete(f"/api/sessions/{first['session_id']}").json()["deleted"]
+        assert deleted["model_runs"] == 2 and deleted["message_nodes"] == 5
+        assert http.get(f"/api/requests/{second['id']}").status_code == 404
