@@ -196,3 +196,22 @@ def test_other_tenant_sees_404_admin_sees_all(gateway: RunningGateway) -> None:
         assert http.get(f"/api/requests/{request_id}").json()["tenant"] == "acme"
     with gateway.client(key="nope") as http:
         assert_openai_error(http.get(f"/api/artifacts/{artifact_id}"), 401)
+
+
+def test_context_budget_exceeded_is_400(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> None:
+    (tmp_path / "tight.yaml").write_text("name: tight\nbudget: {max_prompt_tokens: 40}\n")
+    tenants = [{"id": "acme", "api_keys": ["sk-acme-1"], "policy": "tight.yaml"}]
+    running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, tenants=tenants), fake)
+    try:
+        with running.client() as http:
+            response = http.post("/v1/chat/completions", json={"model": "fake", "messages": [
+                {"role": "system", "content": "You are a careful agent. " * 20},
+                {"role": "user", "content": "Summarise the quarter."}]})
+            error = assert_openai_error(response, 400, "context_budget_exceeded", "invalid_request_error")
+            assert "40" in error["message"] and error["param"] == "messages"
+            record = http.get(f"/api/requests/{response.headers['x-gateway-request-id']}").json()
+        assert record["status"] == "error" and record["error"]["type"] == "context_budget_exceeded"
+        assert fake.requests == []  # nothing went upstream; the transcript itself was captured
+        assert count(running, MessageNode) == 2
+    finally:
+        server.stop()
