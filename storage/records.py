@@ -49,6 +49,7 @@ from storage.record_types import (
 from storage.schema import Base, ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
+SIBLING_COUNT_BOUND = 10_000
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
@@ -123,8 +124,13 @@ class RecordStore:
             self._insert_ignoring_conflicts(session, ToolArtifact, artifact_rows)
             path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
             observed, owners = self._artifact_facts(session, path_artifacts)
+            # Sibling branches are counted up to a bound: a session is a whole tree (every
+            # conversation that starts the same way), so an exact count would grow without end.
             in_session = session.scalar(
-                select(func.count()).select_from(ToolArtifact).where(ToolArtifact.session_id == session_id)
+                select(func.count()).select_from(
+                    select(ToolArtifact.id).where(ToolArtifact.session_id == session_id)
+                    .limit(SIBLING_COUNT_BOUND + len(path)).subquery()
+                )
             )
             subagent_results = self._subagent_results(session, tenant, session_id, run.parent_request_id)
             # Node ids hash the tenant in, so the leaf index alone is tenant-scoped.
