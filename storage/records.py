@@ -128,7 +128,7 @@ class RecordStore:
             # conversation that starts the same way), so an exact count would grow without end.
             in_session = session.scalar(
                 select(func.count()).select_from(
-                    select(ToolArtifact.id).where(ToolArtifact.session_id == session_id)
+                    select(ToolArtifact.session_id).where(ToolArtifact.session_id == session_id)  # index only
                     .limit(SIBLING_COUNT_BOUND + len(path)).subquery()
                 )
             )

@@ -254,3 +254,48 @@ def test_long_conversation_is_compacted_upstream_but_whole_in_langchain(coding_g
         record = http.get(f"/api/requests/{request_id(replies[-1])}").json()
     assert record["assembly"]["policy"]["name"] == "coding-agent"
     assert artifact_id in record["path_artifact_ids"]
+    decision = record["assembly"]["decisions"][3]  # system, user, assistant, then the first result
+    assert (decision["role"], decision["action"], decision["artifact_id"]) == ("tool", "compacted", artifact_id)
+
+
+def rehydrate_call(artifact_id: str) -> dict:
+    return tool_call_message("gw_1", "gateway_rehydrate", artifact_id=artifact_id)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["invoke", "stream"])
+def test_rehydration_round_is_invisible_to_langchain(coding_gateway: RunningGateway, stream: bool) -> None:
+    """The model asks the gateway for a compacted result back; LangChain sees only the final answer."""
+    gateway = coding_gateway
+    model = chat(gateway, include_response_headers=True, stream_usage=True).bind_tools([read_file])
+    messages: list[BaseMessage] = [SystemMessage("You are a coding agent."), HumanMessage("Review the app.")]
+    for i, path in enumerate(PATHS[:3]):
+        gateway.fake.script_message(tool_call_message(f"call_{i}", "read_file", path=path))
+        reply = model.invoke(messages)
+        messages.append(reply)
+        messages.extend(read_file.invoke(call) for call in reply.tool_calls)
+    gateway.fake.script_message({"role": "assistant", "content": "noted"})
+    reply = model.invoke(messages)  # carries call_2's result; call_0's is a memory by now
+    with gateway.client() as http:
+        record = http.get(f"/api/requests/{request_id(reply)}").json()
+    first_artifact = record["path_artifact_ids"][0]
+    assert gateway.fake.last_body()["messages"][3]["content"].startswith(f"[compacted artifact:{first_artifact};")
+
+    messages.append(reply)
+    messages.append(HumanMessage("Quote src/app.py exactly."))
+    gateway.fake.script_message(rehydrate_call(first_artifact))
+    gateway.fake.script_message({"role": "assistant", "content": "Here it is."})
+    if stream:
+        chunks = list(model.stream(messages))
+        final = sum(chunks[1:], chunks[0])
+    else:
+        final = model.invoke(messages)
+    assert final.content == "Here it is." and not final.tool_calls
+    assert not getattr(final, "tool_call_chunks", None)
+    assert final.usage_metadata["output_tokens"] == 14  # both upstream rounds, summed into the run
+
+    asked, answered = gateway.fake.requests[-2:]
+    assert asked["body"]["messages"][3]["content"].startswith(f"[compacted artifact:{first_artifact};")
+    assert "gateway_rehydrate" in [t["function"]["name"] for t in asked["body"]["tools"]]
+    given = answered["body"]["messages"][-1]
+    assert given["role"] == "tool" and given["tool_call_id"] == "gw_1"
+    assert file_content(PATHS[0]) in given["content"]
