@@ -10,23 +10,29 @@ an agent framework's `base_url` at the gateway and nothing else changes.
   like an agent loop does, and the gateway holds the result byte-exact
   (found through `x-gateway-request-id`, which `include_response_headers=True`
   or an httpx event hook exposes to a LangChain client);
+- parallel calls and a tool returning content blocks (kept as canonical JSON);
+- `with_structured_output`, and errors LangChain raises as the OpenAI ones;
 - streaming, of text and of a tool call aggregated from chunks;
 - the async client;
 - a coding-agent conversation long enough that the gateway forwards an early
   tool result as a `[compacted artifact:...]` memory while LangChain still
-  holds, and keeps re-sending, the full history.
+  holds, and keeps re-sending, the full history; and a `gateway_rehydrate`
+  round the LangChain client never sees.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
+import openai
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from pydantic import BaseModel
 
 from tests.conftest import TENANT_KEY, RunningGateway, settings_for, start_gateway
 from tests.fake_upstream import FakeUpstream
@@ -133,6 +139,10 @@ def test_bind_tools_agent_loop_captures_tool_result_byte_exact(gateway: RunningG
         metadata = http.get(f"/api/artifacts/{artifact_id}/metadata").json()
     assert metadata["tool_name"] == "get_weather" and metadata["status"] == "ok"
     assert metadata["bytes"] == len(WEATHER_OUTPUT.encode())
+    # The call is linked to the run whose answer asked for it, though LangChain re-sends
+    # that answer in its own serialisation.
+    asked_by = {c["call_id"]: c["run_id"] for c in gateway.store.iter_tool_calls("acme")}
+    assert asked_by == {"call_w1": request_id(first)}
 
 
 def test_request_id_through_an_httpx_event_hook(gateway: RunningGateway) -> None:
@@ -299,3 +309,80 @@ def test_rehydration_round_is_invisible_to_langchain(coding_gateway: RunningGate
     given = answered["body"]["messages"][-1]
     assert given["role"] == "tool" and given["tool_call_id"] == "gw_1"
     assert file_content(PATHS[0]) in given["content"]
+
+
+# 6. more of what LangChain agents use ----------------------------------------------------------------------
+
+@tool
+def forecast(city: str) -> list:
+    """A forecast as content blocks."""
+    return [{"type": "text", "text": f"{city}: rain ✓"}, {"type": "text", "text": "tomorrow: sun\n"}]
+
+
+def test_parallel_calls_and_content_block_results(gateway: RunningGateway) -> None:
+    calls = [{"id": "call_p1", "type": "function",
+              "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}},
+             {"id": "call_p2", "type": "function",
+              "function": {"name": "forecast", "arguments": json.dumps({"city": "Rome"})}}]
+    gateway.fake.script_message({"role": "assistant", "content": "Checking both.", "tool_calls": calls})
+    gateway.fake.script_message({"role": "assistant", "content": "Paris 21°C, Rome rain."})
+    tools = {t.name: t for t in (get_weather, forecast)}
+    model = chat(gateway, include_response_headers=True).bind_tools(list(tools.values()))
+
+    messages: list[BaseMessage] = list(QUESTION)
+    first = model.invoke(messages)
+    assert first.content == "Checking both."
+    assert [(c["id"], c["name"], c["args"]) for c in first.tool_calls] == [
+        ("call_p1", "get_weather", {"city": "Paris"}), ("call_p2", "forecast", {"city": "Rome"})]
+    messages.append(first)
+    messages.extend(tools[call["name"]].invoke(call) for call in first.tool_calls)
+    blocks = messages[-1].content
+    assert isinstance(blocks, list)  # LangChain sends these as a list of parts
+    final = model.invoke(messages)
+    assert final.content == "Paris 21°C, Rome rain."
+    assert gateway.fake.last_body()["messages"][-1] == {"role": "tool", "tool_call_id": "call_p2", "content": blocks}
+
+    with gateway.client() as http:
+        record = http.get(f"/api/requests/{request_id(final)}").json()
+        weather_id, forecast_id = record["captured_artifact_ids"]
+        assert http.get(f"/api/artifacts/{weather_id}").content == WEATHER_OUTPUT.encode()
+        structured = http.get(f"/api/artifacts/{forecast_id}")
+    # Structured content is kept as canonical JSON (sorted keys, no whitespace): the same value.
+    assert structured.headers["content-type"].startswith("application/json")
+    assert json.loads(structured.content) == blocks
+    assert structured.content == json.dumps(blocks, sort_keys=True, separators=(",", ":"),
+                                            ensure_ascii=False).encode()
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: float
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_with_structured_output(gateway: RunningGateway, method: str) -> None:
+    if method == "function_calling":
+        gateway.fake.script_message(tool_call_message("call_s", "Weather", city="Paris", celsius=21.5))
+    else:
+        gateway.fake.script_message({"role": "assistant", "content": json.dumps({"city": "Paris", "celsius": 21.5})})
+    assert chat(gateway).with_structured_output(Weather, method=method).invoke(QUESTION) == Weather(
+        city="Paris", celsius=21.5)
+    body = gateway.fake.last_body()
+    if method == "function_calling":
+        assert body["tool_choice"] == {"type": "function", "function": {"name": "Weather"}}
+    else:
+        assert body["response_format"]["type"] == "json_schema"
+        assert body["response_format"]["json_schema"]["name"] == "Weather"
+
+
+def test_errors_reach_langchain_as_openai_errors(gateway: RunningGateway) -> None:
+    bad_key = ChatOpenAI(base_url=gateway.api_base, api_key="sk-wrong", model="fake", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as auth:
+        bad_key.invoke(QUESTION)
+    assert auth.value.status_code == 401
+    gateway.fake.script(status=429, headers={"retry-after": "3"})
+    with pytest.raises(openai.RateLimitError) as limited:
+        chat(gateway).invoke(QUESTION)
+    assert limited.value.response.headers["retry-after"] == "3"
+    assert limited.value.response.headers["x-gateway-request-id"].startswith("req_")
+
