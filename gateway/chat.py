@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any, AsyncIterator
 
@@ -81,19 +82,33 @@ async def _finish(services: Services, run: RunStart, outcome: RunOutcome, assemb
     services.metrics.observe_run(run.tenant, run.model, outcome, assembly)
 
 
+_PARENT_REQUEST = re.compile(r"^req_[0-9a-f]{32}$")
+
+
+def _header(request: Request, name: str, limit: int = 256) -> str | None:
+    value = request.headers.get(name)
+    if value is not None and (not value.strip() or len(value) > limit):
+        raise InvalidRequest(f"header {name}: 1 to {limit} characters", param=name, code="invalid_header")
+    return value
+
+
 def _run_start(request: Request, principal: Principal, chat: ChatRequest, model: ModelSettings) -> RunStart:
     """What the request says about the run: who asks, for which model, in which session."""
-    headers = request.headers
     assert principal.tenant is not None
+    parent = _header(request, "x-gateway-parent-request", 64)
+    if parent is not None and not _PARENT_REQUEST.match(parent):
+        raise InvalidRequest("header x-gateway-parent-request: a request id as in x-gateway-request-id (req_...)",
+                             param="x-gateway-parent-request", code="invalid_header")
+    labels = [_header(request, name) for name in SESSION_HEADERS]
     return RunStart(
         request_id=request_id_of(request),
         tenant=principal.tenant.id,
-        participant=headers.get("x-gateway-participant") or principal.key_id,
+        participant=_header(request, "x-gateway-participant") or principal.key_id,
         model=chat.model,
         upstream_model=str(model.litellm_params["model"]),
         stream=chat.stream,
-        session_label=next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None),
-        parent_request_id=headers.get("x-gateway-parent-request"),
+        session_label=next((label for label in labels if label), None),
+        parent_request_id=parent,
     )
 
 

@@ -20,13 +20,18 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+# Bounds the record store holds (OpenAI's own are tighter: 64-character names, 40-character call ids).
+NAME_MAX = 256
+ID_MAX = 256
+
+
 class _Function(_Open):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=NAME_MAX)
     arguments: str
 
 
 class _ToolCall(_Open):
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=ID_MAX)
     type: Literal["function"] = "function"
     function: _Function
 
@@ -34,13 +39,13 @@ class _ToolCall(_Open):
 class _Message(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
+    name: str | None = Field(None, max_length=NAME_MAX)
     tool_calls: list[_ToolCall] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(None, max_length=ID_MAX)
 
 
 class _ChatBody(_Open):
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=NAME_MAX)
     messages: list[_Message] = Field(min_length=1)
     stream: StrictBool | None = None
 

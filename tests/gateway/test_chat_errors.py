@@ -215,3 +215,29 @@ def test_context_budget_exceeded_is_400(fake: FakeUpstream, sqlite_url: str, tmp
         assert count(running, MessageNode) == 2
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("headers, param", [
+    ({"x-gateway-participant": "p" * 300}, "x-gateway-participant"),
+    ({"x-gateway-session": "s" * 300}, "x-gateway-session"),
+    ({"x-gateway-parent-request": "not-a-request-id"}, "x-gateway-parent-request"),
+])
+def test_bad_gateway_headers_are_400_and_store_nothing(gateway_any_store: RunningGateway, headers: dict,
+                                                       param: str) -> None:
+    with gateway_any_store.client() as http:
+        response = http.post("/v1/chat/completions", json={"model": "fake", "messages": USER}, headers=headers)
+    error = assert_openai_error(response, 400, "invalid_header", "invalid_request_error")
+    assert error["param"] == param
+    assert count(gateway_any_store, MessageNode) == 0
+
+
+def test_overlong_ids_are_400_on_every_backend(gateway_any_store: RunningGateway) -> None:
+    long_id = "call_" + "x" * 300
+    messages = USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": long_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": long_id, "content": "r"}]
+    with gateway_any_store.client() as http:
+        response = http.post("/v1/chat/completions", json={"model": "fake", "messages": messages})
+    error = assert_openai_error(response, 400, error_type="invalid_request_error")
+    assert error["param"] == "messages[1].tool_calls[0].id"
+    assert count(gateway_any_store, MessageNode) == 0
