@@ -311,40 +311,52 @@ class _Assembly:
         (it saves at least `clear_at_least_tokens`, and what it saves on later
         turns outweighs what it makes the provider read afresh). A compacted
         round is rendered as of the round count in `rendered_as_of`; it is
-        re-rendered with later knowledge (a newer read superseding it, a retry
-        resolving its failure) only when that refresh pays for itself too.
+        re-rendered with later knowledge (a retry resolving its failure) only
+        when that refresh pays for itself too.
         Between moves every rendering is unchanged, so each request extends the
         previous one and the provider's prefix cache keeps hitting.
         """
         keep = self.c.keep_recent_rounds
         boundary, epoch_round = 0, 0
-        as_of: dict[int, int] = {}
+        compacted_at: dict[int, int] = {}  # round number -> the round count whose move compacted it
+        refreshed = 0  # the latest refresh re-rendered every round compacted by then
+        prefix = [0]
+        for tokens in self.tokens:
+            prefix.append(prefix[-1] + tokens)
+
+        def span(first: int, last: int) -> int:
+            return prefix[last + 1] - prefix[first] if last >= first else 0
+
+        # A compacted result renders differently later only when a retry resolves its
+        # failure (supersession is applied whatever the epoch), so refreshes are
+        # considered at those rounds alone: linear in the conversation's length.
+        retries: dict[int, list[int]] = {}
+        for failed, retry in self.retried_at.items():
+            retries.setdefault(self.round_of[retry], []).append(failed)
         for t in range(1, len(self.rounds) + 1):
             previous_end = self.rounds[t - 2].end if t >= 2 else -1
             # 1. refresh what is compacted already, if newer knowledge saves enough
             gains = {}
-            for number in range(1, boundary + 1):
-                for i in self.rounds[number - 1].tools:
-                    if self.superseded_by(i, t):
-                        continue  # superseded results are replaced whatever the epoch
-                    gain = self.saving(i, t) - self.saving(i, as_of[number])
-                    if gain:
-                        gains[i] = gain
-            if gains and sum(gains.values()) > 0:
+            for i in retries.get(t, ()):
+                number = self.round_of[i]
+                if number > boundary or self.superseded_by(i, t):
+                    continue
+                gain = self.saving(i, t) - self.saving(i, max(compacted_at[number], refreshed))
+                if gain > 0:
+                    gains[i] = gain
+            if gains:
                 first = min(gains)
-                resent = sum(self.tokens[first : previous_end + 1]) - sum(
-                    self.saving(i, t) for i in range(first, previous_end + 1) if i in self.records.artifacts
-                    and self.round_of.get(i, 0) <= boundary
+                resent = span(first, previous_end) - sum(
+                    self.saving(i, t) for i in range(first, previous_end + 1)
+                    if i in self.records.artifacts and self.round_of.get(i, 0) <= boundary
                 )
                 if self._pays(sum(gains.values()), max(0, resent), t):
-                    for number in range(1, boundary + 1):
-                        as_of[number] = t
+                    refreshed = t
             # 2. move the boundary past the rounds that left the verbatim window
             eligible = t - keep
             if eligible <= boundary:
                 continue
-            start = self.rounds[boundary].assistant
-            tail = sum(self.tokens[start : self.rounds[t - 1].end + 1])
+            tail = span(self.rounds[boundary].assistant, self.rounds[t - 1].end)
             if tail < self.c.trigger_tokens:
                 continue
             savings = {i: self.saving(i, t) for rnd in self.rounds[boundary:eligible] for i in rnd.tools}
@@ -352,11 +364,12 @@ class _Assembly:
             changed = [i for i, v in savings.items() if v > 0]
             # Round t is new to the provider either way; the move makes it read
             # afresh what follows the first message it changes, up to round t-1.
-            resent = sum(self.tokens[changed[0] : previous_end + 1]) - saving if changed else 0
+            resent = span(changed[0], previous_end) - saving if changed else 0
             if saving >= max(1, self.c.clear_at_least_tokens) and self._pays(saving, resent, t):
                 for number in range(boundary + 1, eligible + 1):
-                    as_of[number] = t
+                    compacted_at[number] = t
                 boundary, epoch_round = eligible, t
+        as_of = {number: max(t, refreshed) for number, t in compacted_at.items()}
         return boundary, epoch_round, as_of
 
 

@@ -8,6 +8,8 @@ both paths give the assembler identical inputs for identical transcripts.
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from typing import Mapping, Sequence
 
 from policies.assembler import Records
@@ -15,6 +17,34 @@ from policies.memories import ArtifactView
 from policies.tokens import DEFAULT_ENCODING, count_text
 from policies.tool_status import tool_result_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
+
+
+_FACTS: OrderedDict[tuple[str, str], tuple[str, str, int]] = OrderedDict()
+_FACTS_SIZE = 65536
+_FACTS_LOCK = threading.Lock()
+
+
+def _facts(node: PathNode, encoding: str) -> tuple[str, str, str, int]:
+    """(text, sha256, status, tokens) of a tool message.
+
+    A node id names its content, so sha256, status and tokens never change for a node;
+    agents re-send the same results every turn, and those are computed once per process
+    (a bounded cache of small values, never the texts).
+    """
+    raw, _ = tool_result_bytes(node.message.get("content"))
+    text = raw.decode("utf-8", "replace")  # as the store reads it back (lone surrogates replaced)
+    key = (node.id, encoding)
+    with _FACTS_LOCK:
+        cached = _FACTS.get(key)
+        if cached is not None:
+            _FACTS.move_to_end(key)
+            return (text, *cached)
+    facts = (hashlib.sha256(raw).hexdigest(), tool_result_status(text), count_text(text, encoding))
+    with _FACTS_LOCK:
+        _FACTS[key] = facts
+        if len(_FACTS) > _FACTS_SIZE:
+            _FACTS.popitem(last=False)
+    return (text, *facts)
 
 
 def records_for_path(
@@ -40,8 +70,7 @@ def records_for_path(
                 calls[call_id] = (node.position, call)
                 argument_refs[(node.position, call_id)] = arguments_artifact_id(node.id, call_id)
         elif role == "tool":
-            raw, _ = tool_result_bytes(message.get("content"))
-            text = raw.decode("utf-8", "replace")
+            text, sha256, status, tokens = _facts(node, encoding)
             artifact_id = artifact_id_for(node.id)
             _, call = calls.get(str(message.get("tool_call_id")), (None, {}))
             function = call.get("function") or {}
@@ -49,10 +78,10 @@ def records_for_path(
                 artifact_id=artifact_id,
                 tool_name=function.get("name"),
                 arguments=function.get("arguments"),
-                status=tool_result_status(text),
+                status=status,
                 content=text,
-                sha256=hashlib.sha256(raw).hexdigest(),
-                tokens=count_text(text, encoding),
+                sha256=sha256,
+                tokens=tokens,
                 observed_at=(observed_at or {}).get(artifact_id, now),
                 owner_participant=(owners or {}).get(artifact_id, ""),
             )

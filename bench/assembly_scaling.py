@@ -1,0 +1,60 @@
+"""How projection time grows with the length of an agent run. Prints ms per request.
+
+A synthetic coding-agent transcript of N tool rounds (60-line outputs, every seventh one
+a failure), projected under the coding-agent preset: the path hashing, the records and
+the assembly, as the gateway does them per request.
+
+.venv/bin/python bench/assembly_scaling.py [--rounds 100 300 600] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from policies.assembler import assemble  # noqa: E402
+from policies.path_records import records_for_path  # noqa: E402
+from policies.presets import preset  # noqa: E402
+from policies.transcript import message_path  # noqa: E402
+
+OUTPUT = "\n".join(f"line {i}: build output with some words in it" for i in range(60))
+
+
+def transcript(rounds: int) -> list[dict]:
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
+    for r in range(rounds):
+        call = {"id": f"c{r}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": f"make step{r}"})}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        result = (f"Error: step {r} failed\n" if r % 7 == 0 else f"step {r} ok\n") + OUTPUT
+        messages.append({"role": "tool", "tool_call_id": f"c{r}", "content": result})
+    return messages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, nargs="+", default=[100, 300, 600])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    policy = preset("coding-agent")
+    print(f"command: {' '.join(sys.argv)}")
+    print(f"{'rounds':>7} {'messages':>9} {'total ms':>9} {'assemble ms':>12} {'tokens sent':>12} {'forwarded':>10}")
+    for rounds in args.rounds:
+        messages = transcript(rounds)
+        totals, assembling = [], []
+        for _ in range(args.repeats + 1):  # the first run fills the caches a live gateway has warm
+            started = time.perf_counter()
+            path = message_path("bench", messages)
+            projection = assemble(policy, messages, records_for_path(path, 0.0), 0.0)
+            totals.append((time.perf_counter() - started) * 1000)
+            assembling.append(projection.assembly_ms)
+        print(f"{rounds:>7} {len(messages):>9} {statistics.median(totals[1:]):>9.1f} "
+              f"{statistics.median(assembling[1:]):>12.1f} {projection.tokens_original:>12} {projection.tokens_forwarded:>10}")
+
+
+if __name__ == "__main__":
+    main()
