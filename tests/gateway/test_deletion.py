@@ -75,3 +75,13 @@ def test_delete_by_session_id_removes_the_whole_tree(gateway: RunningGateway) ->
         deleted = http.delete(f"/api/sessions/{first['session_id']}").json()["deleted"]
         assert deleted["model_runs"] == 2 and deleted["message_nodes"] == 5
         assert http.get(f"/api/requests/{second['id']}").status_code == 404
+
+
+def test_tampered_blob_is_reported_not_served(gateway: RunningGateway, tmp_path: Path) -> None:
+    record = send(gateway, conversation("Build project C."))
+    blob = next(p for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    blob.write_bytes(blob.read_bytes().replace(b"build", b"BUILD", 1))
+    with gateway.client() as http:
+        response = http.get(f"/api/artifacts/{record['captured_artifact_ids'][0]}")
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "artifact_corrupted"
