@@ -196,6 +196,7 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
         "tenant": row.tenant,
         "session_id": row.session_id,
         "session_label": row.session_label,
+        "conversation_id": row.conversation_id,
         "participant": row.participant,
         "parent_request_id": row.parent_request_id,
         "model": row.model,

@@ -53,6 +53,14 @@ SIBLING_COUNT_BOUND = 10_000
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
+def conversation_of(path: Sequence[PathNode]) -> str:
+    """The node that starts the conversation: the first message after system/developer prompts."""
+    for node in path:
+        if node.message.get("role") not in ("system", "developer"):
+            return node.id
+    return path[-1].id
+
+
 class RecordStore:
     """Repositories over one SQLAlchemy engine and one blob store."""
 
@@ -147,6 +155,7 @@ class RecordStore:
                     tenant=tenant,
                     session_id=session_id,
                     session_label=run.session_label,
+                    conversation_id=conversation_of(path),
                     participant=run.participant,
                     parent_request_id=run.parent_request_id,
                     model=run.model,
@@ -458,7 +467,7 @@ class RecordStore:
         session_key: str | None = None,
     ) -> list[dict[str, Any]]:
         """The ledger's raw material: finished runs summed per tenant, model, session and day."""
-        session_col = func.coalesce(ModelRun.session_label, ModelRun.session_id)
+        session_col = func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id)
         day = func.date(ModelRun.started_at)
         query = (
             select(
@@ -501,7 +510,9 @@ class RecordStore:
         if tenant is not None:
             query = query.where(ModelRun.tenant == tenant)
         if session_key is not None:
-            query = query.where(func.coalesce(ModelRun.session_label, ModelRun.session_id) == session_key)
+            query = query.where(
+                func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id) == session_key
+            )
         with Session(self.engine) as session:
             return [run_as_dict(row) for row in session.scalars(query)]
 

@@ -50,6 +50,9 @@ class ModelRun(Base):
     tenant: Mapped[str] = mapped_column(TENANT, index=True)
     session_id: Mapped[str] = mapped_column(ID, index=True)
     session_label: Mapped[str | None] = mapped_column(String(256))
+    # The conversation within the session tree: the node of its first message after the
+    # system prompt. Agents that share a system prompt share a tree, not a conversation.
+    conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
     participant: Mapped[str] = mapped_column(String(256))
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
     model: Mapped[str] = mapped_column(String(256))

@@ -112,3 +112,17 @@ def test_metrics_parse_and_match_the_ledger(priced: RunningGateway) -> None:
     assert any(n == "gateway_upstream_seconds_bucket" for n, _ in samples)
     by_tenant = {dict(labels)["tenant"]: v for (n, labels), v in samples.items() if n == "gateway_tokens_sent_total"}
     assert by_tenant["acme"] == next(t["tokens_sent"] for t in ledger["by_tenant"] if t["tenant"] == "acme")
+
+
+def test_conversations_sharing_a_system_prompt_are_separate_sessions(priced: RunningGateway) -> None:
+    system = {"role": "system", "content": "You are the same agent every time."}
+    with priced.client() as http:
+        for opening in ("Fix bug 1.", "Fix bug 2."):
+            for turn in range(2):
+                messages = [system, {"role": "user", "content": opening}]
+                messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}][: 2 * turn]
+                assert http.post("/v1/chat/completions", json={"model": "fake", "messages": messages}).status_code == 200
+        ledger = http.get("/api/savings").json()
+        assert sorted(s["requests"] for s in ledger["by_session"]) == [2, 2]  # one tree, two conversations
+        one = ledger["by_session"][0]["session"]
+        assert http.get("/api/savings", params={"session": one}).json()["totals"]["requests"] == 2
