@@ -197,7 +197,7 @@ def column(page: Any, table: str, index: int) -> list[str]:
 
 
 def session_labels(page: Any) -> list[str]:
-    """The full session labels of the #sessions table (the cell shows the first 24 characters)."""
+    """The full session labels of the #sessions table (the cell may shorten them)."""
     return page.eval_on_selector_all("#sessions tbody td[title]", "cells => cells.map(c => c.title)")
 
 
