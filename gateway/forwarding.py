@@ -9,7 +9,7 @@ dropped whole, client calls included. Usage of all rounds is summed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
@@ -43,13 +43,11 @@ class Conversation:
     rehydrator: Rehydrator | None
     usage: dict[str, Any] | None = None
     rounds: int = 0
-    hidden_messages: list[dict[str, Any]] = field(default_factory=list)
 
     def with_round(self, assistant: dict[str, Any], calls: list[dict[str, Any]], answers: list[str]) -> None:
         """Append the model's rehydration calls (only those) and their answers."""
         message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
         replies = [{"role": "tool", "tool_call_id": c["id"], "content": a} for c, a in zip(calls, answers)]
-        self.hidden_messages += [message, *replies]
         body = dict(self.request.body)
         body["messages"] = [*body["messages"], message, *replies]
         self.request = replace(self.request, body=body)

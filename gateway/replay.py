@@ -102,7 +102,6 @@ class TurnFigures:
     problems: list[str]
     latest_round_kept: bool
     user_system_kept: bool
-    compacted_ids: tuple[str, ...] = ()
 
 
 @dataclass
@@ -141,7 +140,7 @@ class TraceReport:
 
 
 def turn_figures(sent: Sequence[Mapping[str, Any]], forwarded: Sequence[Mapping[str, Any]],
-                 previous: Sequence[Mapping[str, Any]] | None, compacted: tuple[str, ...] = ()) -> TurnFigures:
+                 previous: Sequence[Mapping[str, Any]] | None) -> TurnFigures:
     sent_wire = [wire_message(m) for m in sent]
     forwarded_wire = [wire_message(m) for m in forwarded]
     return TurnFigures(
@@ -151,7 +150,6 @@ def turn_figures(sent: Sequence[Mapping[str, Any]], forwarded: Sequence[Mapping[
         problems=protocol_problems(forwarded_wire),
         latest_round_kept=all(m in forwarded_wire for m in _trailing_tools(sent_wire)),
         user_system_kept=all(m in forwarded_wire for m in sent_wire if m["role"] in ("system", "user")),
-        compacted_ids=compacted,
     )
 
 
@@ -173,7 +171,7 @@ def replay_trace(
         projection = assemble(policy, request, records_for_path(path, now=0.0), now=0.0)
         if on_projection is not None:
             on_projection(request, projection)
-        figures = turn_figures(request, projection.messages, previous, projection.compacted_artifact_ids)
+        figures = turn_figures(request, projection.messages, previous)
         report.turns.append(figures)
         previous = [wire_message(m) for m in projection.messages]
     return report

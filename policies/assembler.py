@@ -86,7 +86,6 @@ class Projection:
     policy_version: str
     boundary_round: int  # rounds before this are rendered as of the epoch
     epoch_round: int  # the round count at which the current epoch began
-    compacted_artifact_ids: tuple[str, ...]
     assembly_ms: float
     assembler_version: str = ASSEMBLER_VERSION
 
@@ -389,7 +388,6 @@ def assemble(
     out: list[dict[str, Any]] = [dict(m) for m in messages]
     decisions: dict[int, Decision] = {}
     omissions: Counter[str] = Counter()
-    compacted: list[str] = []
     boundary, epoch_round, as_of = state.epochs() if policy.enabled else (0, 0, {})
     latest = {i for rnd in state.rounds[-policy.compaction.keep_recent_rounds :] for i in (rnd.assistant, *rnd.tools)}
     trailing = set()  # the results the model is answering now: never marked stale
@@ -428,7 +426,6 @@ def assemble(
             if visibility == "memory":
                 text, _ = state.memory(index)
                 decide(index, "compacted", "other_participant", text, view.artifact_id)
-                compacted.append(view.artifact_id)
                 continue
         child_tool = records.subagent_results.get(view.sha256)
         if child_tool is not None and not policy.rule_for(child_tool).promote_to_parent:
@@ -452,17 +449,15 @@ def assemble(
         if stale:
             text, _ = state.memory(index, stale)
             decide(index, "stale", "stale", text, view.artifact_id)
-            compacted.append(view.artifact_id)
             continue
         if in_epoch and state.saving(index, snapshot) > 0:
             text, _ = state.memory(index)
             decide(index, "compacted", f"epoch:{epoch_round}", text, view.artifact_id)
-            compacted.append(view.artifact_id)
 
     if policy.enabled:
         for rnd in state.rounds[:boundary]:
-            _compact_call_arguments(state, rnd.assistant, out, decisions, compacted)
-        _rehydrate_named(state, out, decisions, compacted)
+            _compact_call_arguments(state, rnd.assistant, out, decisions)
+        _rehydrate_named(state, out, decisions)
     projection_messages = out
     if policy.budget.max_prompt_tokens is not None:
         projection_messages = _fit_budget(state, out, decisions, omissions, latest)
@@ -483,7 +478,6 @@ def assemble(
         policy_version=policy.version_label,
         boundary_round=boundary,
         epoch_round=epoch_round,
-        compacted_artifact_ids=tuple(compacted),
         assembly_ms=(time.perf_counter() - started) * 1000,
     )
 
@@ -491,8 +485,7 @@ def assemble(
 _ARTIFACT_ID = re.compile(r"\b(art_[0-9a-f]{20})\b")
 
 
-def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
-                     compacted: list[str]) -> None:
+def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision]) -> None:
     """Artifacts the latest user message names by id go back in raw, when allowed and within bounds."""
     latest_user = next((m for m in reversed(state.messages) if m.get("role") == "user"), None)
     if latest_user is None:
@@ -515,12 +508,10 @@ def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dic
         out[index] = {**out[index], "content": state.messages[index].get("content")}
         decisions[index] = Decision(index, "tool", "rehydrated", "named_by_user", view.artifact_id,
                                     state.tokens[index], state.tokens[index])
-        if view.artifact_id in compacted:
-            compacted.remove(view.artifact_id)
 
 
 def _compact_call_arguments(state: _Assembly, index: int, out: list[dict[str, Any]],
-                            decisions: dict[int, Decision], compacted: list[str]) -> None:
+                            decisions: dict[int, Decision]) -> None:
     message = out[index]
     calls = []
     changed = []
@@ -538,7 +529,6 @@ def _compact_call_arguments(state: _Assembly, index: int, out: list[dict[str, An
         out[index] = {**message, "tool_calls": calls}
         decisions[index] = Decision(index, "assistant", "arguments_compacted", "epoch", changed[0],
                                     state.tokens[index], message_tokens(out[index], state.encoding))
-        compacted.extend(changed)
 
 
 def _fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],

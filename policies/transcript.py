@@ -108,13 +108,3 @@ def tool_result_bytes(content: Any) -> tuple[bytes, str]:
     if isinstance(content, str):
         return content.encode("utf-8", "surrogatepass"), "text/plain; charset=utf-8"
     return canonical_json(content).encode("utf-8", "surrogatepass"), "application/json"
-
-
-def tool_call_index(messages: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """The tool calls of a transcript by call id (the latest call wins)."""
-    calls: dict[str, Mapping[str, Any]] = {}
-    for message in messages:
-        if message.get("role") == "assistant":
-            for call in message.get("tool_calls") or []:
-                calls[call.get("id")] = call
-    return calls

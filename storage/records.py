@@ -601,13 +601,6 @@ class RecordStore:
                 query = query.where(ToolArtifact.tenant == tenant)
             return int(session.scalar(query) or 0)
 
-    def artifacts_for_session(self, session_id: str) -> list[ArtifactRecord]:
-        with Session(self.engine) as session:
-            rows = session.scalars(
-                select(ToolArtifact).where(ToolArtifact.session_id == session_id)
-            ).all()
-            return [artifact_from_row(r) for r in rows]
-
     def iter_tool_calls(self, tenant: str) -> Iterable[dict[str, Any]]:
         with Session(self.engine) as session:
             for row in session.scalars(select(ToolCall).where(ToolCall.tenant == tenant)):
