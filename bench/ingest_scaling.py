@@ -29,7 +29,7 @@ from storage.database import make_engine  # noqa: E402
 from storage.record_types import RunStart  # noqa: E402
 from storage.records import RecordStore  # noqa: E402
 
-TRACE = REPO.parent / "shared" / "traces" / "openhands_codeact_llama4-maverick_ponyc-4588.jsonl"
+TRACE = REPO / "tests" / "data" / "traces" / "openhands_codeact_llama4-maverick_ponyc-4588.jsonl"
 
 
 def run(store: RecordStore, messages: list[dict]) -> float:

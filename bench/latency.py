@@ -10,7 +10,7 @@ pair (the order flips every other pair, so machine noise hits both alike),
 and reports per-pair `gateway - direct`.
 
 The transcript is ~100 messages of a real tool-using agent trace (the first
-one in /work/shared/traces with >= 100 messages, cut back so it ends on an
+one in tests/data/traces with >= 100 messages, cut back so it ends on an
 answered tool round), or a synthetic one if no trace is there. Requests
 alternate between two agent turn shapes, reported separately and together:
   (a) resend: the same transcript again (steady state: every node is known);
@@ -53,7 +53,7 @@ from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_settings  # noqa: E402
 from tests.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
 
-TRACES_DIR = Path(os.environ.get("GATEWAY_TRACES_DIR", REPO.parent / "shared" / "traces"))
+TRACES_DIR = Path(os.environ.get("GATEWAY_TRACES_DIR", REPO / "tests" / "data" / "traces"))
 TARGET_MESSAGES = 100
 TENANT_KEY = "sk-acme-1"
 BASH_TOOL = {"type": "function", "function": {"name": "bash", "description": "Run a shell command.",

@@ -32,7 +32,7 @@ from storage.records import RecordStore  # noqa: E402
 from tests.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-TRACES_DIR = Path(os.environ.get("GATEWAY_TRACES_DIR", REPO.parent / "shared" / "traces"))
+TRACES_DIR = REPO / "tests" / "data" / "traces"  # copied into the repository, sources in its README
 POSTGRES_URL = os.environ.get(
     "GATEWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
