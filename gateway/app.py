@@ -1,7 +1,7 @@
 """`create_app(settings)`: wiring only. Engines and clients are made in the lifespan."""
 from __future__ import annotations
 
-import logging
+import asyncio
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
@@ -12,22 +12,25 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import chat, dashboard, records_api
+from gateway import dashboard, model_routes, records_api
 from gateway.auth import KeyRing
+from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, tenant_policies
 from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.housekeeping import Housekeeping
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
 from gateway.request_id import RequestIdMiddleware
+from gateway.run_recorder import RunGuard
 from gateway.services import Services
 from gateway.sessions import SessionSigner
 from gateway.upstream import UpstreamClient
+from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
 
-log = logging.getLogger("gateway")
 
 
 def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> RecordStore:
@@ -40,10 +43,6 @@ def default_upstream() -> UpstreamClient:
     from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's import is slow: only when serving
 
     return LiteLLMUpstream()
-
-
-def _error_response(request: Request, error: GatewayError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status_code, headers=error.headers)
 
 
 def create_app(
@@ -60,6 +59,9 @@ def create_app(
         owned_store = store is None
         record_store = store or build_store(settings, clock)
         await run_in_threadpool(record_store.create_schema)
+        await run_in_threadpool(record_store.register_instance)
+        housekeeping = Housekeeping(record_store, settings.server)
+        await housekeeping.run_once()  # what a crashed predecessor left pending
         limiter: RateLimiter = (
             RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)
             if settings.redis.url else MemoryRateLimiter(clock)
@@ -78,17 +80,25 @@ def create_app(
             metrics=metrics,
             limiter=limiter,
         )
+        beating = asyncio.create_task(housekeeping.run_forever())
         try:
             yield
         finally:
+            beating.cancel()
+            await run_in_threadpool(record_store.retire_instance)
             await limiter.close()
             if owned_store:
                 record_store.engine.dispose()
 
     app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan)
-    # Middleware order, outermost first: request ids wrap everything.
+    # Middleware, outermost first (add_middleware prepends): request ids wrap everything; the
+    # error boundary answers what escapes a route; the run guard finishes any run left open;
+    # request lines storage cannot hold are refused before a route sees them.
+    app.add_middleware(RequestSanity)
+    app.add_middleware(RunGuard)
+    app.add_middleware(ErrorBoundary, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
-    app.include_router(chat.router)
+    app.include_router(model_routes.router)
     app.include_router(records_api.router)
     app.include_router(dashboard.router)
 
@@ -111,11 +121,13 @@ def create_app(
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
         metrics.observe_error(error.code or error.error_type)
-        return _error_response(request, error)
+        return error_response(request.url.path, error)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return _error_response(request, InvalidRequest(str(error.errors()[0].get("msg"))))
+        first = error.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(request.url.path, InvalidRequest(f"{param}: {first.get('msg')}", param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -124,12 +136,6 @@ def create_app(
         else:
             gateway = GatewayError(str(error.detail), status_code=error.status_code, code="http_error")
             gateway.error_type = "invalid_request_error" if error.status_code < 500 else "api_error"
-        return _error_response(request, gateway)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        metrics.observe_error("internal_error")
-        return _error_response(request, GatewayError("The gateway hit an internal error.", code="internal_error"))
+        return error_response(request.url.path, gateway)
 
     return app

@@ -68,11 +68,12 @@ def bearer_key(authorization: str | None) -> str | None:
     return value.strip()
 
 
-def authenticate(keyring: KeyRing, authorization: str | None) -> Principal:
-    key = bearer_key(authorization)
+def authenticate(keyring: KeyRing, authorization: str | None, api_key: str | None = None) -> Principal:
+    """The caller of a bearer key (`Authorization: Bearer`), else of an `x-api-key` header (Anthropic's)."""
+    key = bearer_key(authorization) or (api_key.strip() if api_key and api_key.strip() else None)
     if key is None:
         raise AuthenticationFailed(
-            "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key"
+            "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", code="missing_api_key"
         )
     principal = keyring.lookup(key)
     if principal is None:

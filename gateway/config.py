@@ -43,6 +43,9 @@ class ServerSettings(_Strict):
     port: int = Field(4000, ge=0, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     upstream_timeout_seconds: float = Field(600.0, gt=0)
+    # Every instance beats this often; one that misses three beats is dead and its pending
+    # runs are marked interrupted by the others (and by the next one to start).
+    heartbeat_seconds: float = Field(10.0, gt=0)
 
 
 class ModelSettings(_Strict):

@@ -74,8 +74,10 @@ async def overview(
         return _login_redirect()
     try:
         ledger = await savings_ledger(services, principal, start, end, model or None, None, tenant or None)
-    except GatewayError as error:
-        return HTMLResponse(f"<p>{error.message}</p>", status_code=error.status_code)
+    except GatewayError as error:  # a bad filter: said on a page, escaped like every other string
+        return templates.TemplateResponse(request, "error.html", {"principal": principal, "message": error.message,
+                                                                  "status": error.status_code},
+                                          status_code=error.status_code)
     scope = ledger["filters"]["tenant"]
     runs = await run_in_threadpool(services.store.recent_runs, scope, 30)
     days = [d["day"] for d in ledger["by_day"]]

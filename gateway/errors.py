@@ -11,7 +11,8 @@
     └── UpstreamError (the upstream's status)
         ├── UpstreamRateLimited (429 rate_limit_error)
         ├── UpstreamTimeout (504 timeout)
-        └── UpstreamUnavailable (502 api_error)
+        ├── UpstreamUnavailable (502 api_error)
+        └── UpstreamInvalidResponse (502, code upstream_error: a 200 that is no completion)
 
 Core code raises these; foreign errors (LiteLLM, SQLAlchemy) are mapped once,
 where they enter, with `raise ... from exc`.
@@ -34,9 +35,11 @@ class GatewayError(Exception):
         code: str | None = None,
         status_code: int | None = None,
         headers: Mapping[str, str] | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.detail = detail  # for the run's record only, never sent to the client
         self.param = param
         self.code = code or self.default_code
         if status_code is not None:
@@ -115,6 +118,18 @@ class UpstreamTimeout(UpstreamError):
 class UpstreamUnavailable(UpstreamError):
     status_code = 502
     default_code = "upstream_unavailable"
+
+
+class UpstreamInvalidResponse(UpstreamError):
+    """The provider answered 200 with something that is not a completion (garbage, HTML, no choices)."""
+
+    status_code = 502
+
+
+class InternalError(GatewayError):
+    """A fault of the gateway itself: answered 500, recorded as `internal_error` with the exception type."""
+
+    default_code = "internal_error"
 
 
 def upstream_error_for_status(status: int, message: str, headers: Mapping[str, str] | None = None) -> UpstreamError:

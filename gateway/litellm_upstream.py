@@ -20,6 +20,7 @@ import litellm  # noqa: E402
 
 from gateway.errors import (  # noqa: E402
     UpstreamError,
+    UpstreamInvalidResponse,
     UpstreamTimeout,
     UpstreamUnavailable,
     upstream_error_for_status,
@@ -113,13 +114,23 @@ class LiteLLMUpstream:
             response = await litellm.acompletion(**self._kwargs(request, stream=False))
         except Exception as exc:  # LiteLLM raises many types; map them once, here
             raise _map_error(exc) from exc
-        return _drop_none(response.model_dump(), _KEEP_NULL)
+        return check_completion(_drop_none(response.model_dump(), _KEEP_NULL))
 
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         try:
             chunks = await litellm.acompletion(**self._kwargs(request, stream=True))
+            received = 0
             async for chunk in chunks:
-                yield _drop_none(chunk.model_dump(), _KEEP_NULL)
+                received += 1
+                out = _drop_none(chunk.model_dump(), _KEEP_NULL)
+                if _finishes(out) and not _provider_finished(chunks):
+                    # LiteLLM makes up a closing chunk when the body held no events at all
+                    # (a JSON or HTML answer to a streaming request): that is no completion.
+                    raise UpstreamInvalidResponse(
+                        f"upstream: the stream held no completion events ({_content_type(chunks)})")
+                yield out
+            if not received:
+                raise UpstreamInvalidResponse("upstream: the stream ended before any completion event")
         except UpstreamError:
             raise
         except Exception as exc:
@@ -147,6 +158,32 @@ class LiteLLMUpstream:
             cached=int(details.get("cached_tokens") or 0),
             cache_write=int(usage.get("cache_creation_input_tokens") or 0),
         )
+
+
+def check_completion(response: dict[str, Any]) -> dict[str, Any]:
+    """A chat.completion with at least one choice holding a message, or UpstreamInvalidResponse."""
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not all(
+            isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices):
+        raise UpstreamInvalidResponse("upstream: the answer is not a chat completion (no choices with a message)")
+    return response
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    return any(isinstance(c, dict) and c.get("finish_reason") for c in chunk.get("choices") or [])
+
+
+def _provider_finished(stream: Any) -> bool:
+    """Whether the provider itself sent a finish (LiteLLM's stream wrapper keeps track)."""
+    if getattr(stream, "is_mock", False):
+        return True
+    return bool(getattr(stream, "received_finish_reason", None) or getattr(stream, "intermittent_finish_reason", None)
+                or getattr(stream, "received_any_finish_reason", False))
+
+
+def _content_type(stream: Any) -> str:
+    headers = (getattr(stream, "_hidden_params", None) or {}).get("additional_headers") or {}
+    return f"content-type {headers.get('llm_provider-content-type', 'unknown')}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -198,4 +235,8 @@ def _map_error(exc: Exception) -> UpstreamError:
         headers["retry-after"] = str(retry_after)
     if isinstance(exc, litellm.APIConnectionError) or not isinstance(status, int):
         return UpstreamUnavailable(message, headers=headers)
+    if status == 500 and getattr(exc, "litellm_response_headers", None) is None:
+        # LiteLLM reports a 200 it could not read (truncated JSON, HTML, no choices) as its own 500;
+        # a real upstream 500 carries the upstream's headers.
+        return UpstreamInvalidResponse(f"upstream: the answer is not a chat completion: {message.removeprefix('upstream: ')}")
     return upstream_error_for_status(status, message, headers)

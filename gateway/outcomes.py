@@ -78,7 +78,7 @@ def failure(error: GatewayError, started: float, accounting: Accounting | None =
         http_status=error.status_code,
         latency_ms=(time.perf_counter() - started) * 1000,
         error_type=error.code or error.error_type,
-        error_message=error.message,
+        error_message=error.detail or error.message,
         tokens_original=accounting.tokens_original if accounting else None,
         tokens_forwarded=accounting.tokens_forwarded if accounting else None,
     )

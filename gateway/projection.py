@@ -1,6 +1,8 @@
 """Between ingest and forward: the tenant's policy applied to the request path."""
 from __future__ import annotations
 
+import time
+
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
 from policies import assembler
@@ -19,11 +21,11 @@ def project(
     ingest: IngestResult,
     now: float,
     participant: str,
-) -> tuple[Projection, Records]:
+) -> tuple[Projection, Records, float]:
     """The projection of `path` for `model` and `participant` under `policy` at `now`.
 
     Returns the records it was assembled from too (rehydration checks lineage
-    against them). Raises ContextBudgetExceeded.
+    against them), and the milliseconds the assembly took. Raises ContextBudgetExceeded.
     """
     encoding = encoding_for_model(str(model.litellm_params["model"]))
     records = records_for_path(
@@ -35,6 +37,7 @@ def project(
         subagent_results=ingest.subagent_results,
         encoding=encoding,
     )
+    started = time.perf_counter()
     try:
         projection = assemble(policy, [n.message for n in path], records, now,
                               provider=model.provider_name, encoding=encoding, participant=participant)
@@ -43,7 +46,7 @@ def project(
             f"Context budget exceeded: {exc}. Shorten the conversation or raise budget.max_prompt_tokens.",
             param="messages",
         ) from exc
-    return projection, records
+    return projection, records, (time.perf_counter() - started) * 1000
 
 
 def assembly_record(
@@ -61,7 +64,7 @@ def assembly_record(
         epoch_round=projection.epoch_round,
         decisions=[d.as_dict() for d in projection.decisions],
         omissions=projection.omissions,
-        timings_ms={**timings_ms, "assemble": round(projection.assembly_ms, 3)},
+        timings_ms=timings_ms,
         parent_request_id=parent_request_id,
         forwarded_messages=projection.messages,
     )

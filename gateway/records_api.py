@@ -74,11 +74,12 @@ async def artifact_metadata(artifact_id: str, principal: PrincipalDep, services:
 @router.delete("/sessions/{session_key}")
 async def delete_session(session_key: str, principal: PrincipalDep, services: ServicesDep,
                          tenant: str | None = None) -> dict[str, Any]:
-    """Delete a conversation and everything captured from it (a tenant key: its own; admin: `?tenant=`)."""
+    """Delete one conversation, by its id or session label, and what only it uses (a tenant key: its own;
+    admin: `?tenant=`). Conversations that share its opening keep what they share."""
     owner = principal.scope() or tenant
     if owner is None:
         raise InvalidRequest("an admin key names the tenant: ?tenant=<id>", param="tenant")
-    counts = await run_in_threadpool(services.store.delete_session, owner, session_key)
+    counts = await run_in_threadpool(services.store.delete_conversation, owner, session_key)
     if not counts:
         raise NotFound(f"No session '{session_key}'.", param="session_key", code="session_not_found")
     return {"object": "session.deleted", "id": session_key, "tenant": owner, "deleted": counts}

@@ -10,6 +10,7 @@ the request's assembly record.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -17,8 +18,12 @@ from policies.assembler import Records
 from policies.memories import ArtifactView
 from policies.policy import Policy
 from policies.tokens import count_text
+from policies.visibility import access
+from storage.blobs import BlobCorrupted
+from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
+_ARTIFACT_ID = re.compile(r"^(?:art|args)_[0-9a-f]{1,64}$")
 DESCRIPTION = (
     "Fetch the exact raw content of a compacted tool result or call argument; "
     "pass the id shown after 'artifact:' (e.g. art_... or args_...)."
@@ -81,8 +86,9 @@ class Rehydrator:
         if artifact_id not in self._lineage:
             # Another branch's artifact exists for this tenant but is not this conversation's;
             # another tenant's (or a made-up id) is indistinguishable from one that does not exist.
-            exists = self.store.get_artifact(artifact_id, self.tenant) is not None or (
-                self.store.get_call_arguments(artifact_id, self.tenant) is not None)
+            exists = _ARTIFACT_ID.match(artifact_id) is not None and (
+                self.store.get_artifact(artifact_id, self.tenant) is not None
+                or self.store.get_call_arguments(artifact_id, self.tenant) is not None)
             if exists:
                 return self._refuse(artifact_id, "other_branch", f"artifact:{artifact_id} belongs to another branch")
             return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
@@ -94,7 +100,11 @@ class Rehydrator:
             record = self.store.get_artifact(artifact_id, self.tenant)
             if record is None:
                 return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
-            raw = self.store.artifact_bytes(record)
+            try:
+                raw = self.store.artifact_bytes(record)
+            except (ArtifactCorrupted, BlobCorrupted, FileNotFoundError):
+                return self._refuse(artifact_id, "artifact_corrupted",
+                                    f"artifact:{artifact_id} failed its integrity check and cannot be given")
         else:
             found = self.store.get_call_arguments(artifact_id, self.tenant)
             if found is None:
@@ -103,19 +113,20 @@ class Rehydrator:
         return self._bounded(artifact_id, raw)
 
     def _policy_refusal(self, view: ArtifactView) -> str | None:
-        rule = self.policy.rule_for(view.tool_name)
-        if not self.policy.privacy.allows(self.provider, rule.privacy):
-            return self._refuse(view.artifact_id, f"restricted:{rule.privacy}",
-                                f"artifact:{view.artifact_id} is {rule.privacy} and may not be sent to {self.provider}")
-        if (rule.visibility != "conversation" and view.owner_participant
-                and view.owner_participant != self.participant):
-            return self._refuse(view.artifact_id, "private",
-                                f"artifact:{view.artifact_id} is private to another participant")
-        child_tool = self.records.subagent_results.get(view.sha256)
-        if child_tool is not None and not self.policy.rule_for(child_tool).promote_to_parent:
-            return self._refuse(view.artifact_id, "subagent_private",
-                                f"artifact:{view.artifact_id} is a subagent's private result")
-        return None
+        seen = access(self.policy, view, provider=self.provider, participant=self.participant,
+                      subagent_results=self.records.subagent_results)
+        if seen.raw:
+            return None
+        reason = str(seen.reason)
+        if reason.startswith("restricted:"):
+            privacy = reason.split(":", 1)[1]
+            text = f"artifact:{view.artifact_id} is {privacy} and may not be sent to {self.provider}"
+        elif reason == "subagent_private":
+            text = f"artifact:{view.artifact_id} is a subagent's private result"
+        else:  # another participant's: withheld, or shown only as its memory
+            reason = "private"
+            text = f"artifact:{view.artifact_id} is private to another participant"
+        return self._refuse(view.artifact_id, reason, text)
 
     def _bounded(self, artifact_id: str, raw: bytes) -> str:
         limits = self.policy.rehydration

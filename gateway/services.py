@@ -37,11 +37,12 @@ def get_principal(request: Request) -> Principal:
     """The bearer key's principal; for reads without one, the dashboard's signed session cookie."""
     services: Services = request.app.state.services
     authorization = request.headers.get("authorization")
-    if bearer_key(authorization) is None and request.method == "GET":
+    api_key = request.headers.get("x-api-key")
+    if bearer_key(authorization) is None and api_key is None and request.method == "GET":
         principal = services.sessions.verify(request.cookies.get(COOKIE), services.keyring)
         if principal is not None:
             return principal
-    return authenticate(services.keyring, authorization)
+    return authenticate(services.keyring, authorization, api_key)
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

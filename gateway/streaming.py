@@ -1,16 +1,8 @@
-"""Server-sent events: encoding chunks, and rebuilding the final message from them."""
+"""Streamed answers: rebuilding the final message from chat.completion.chunk objects."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
-
-
-def sse_event(payload: Any) -> bytes:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
-
-
-SSE_DONE = b"data: [DONE]\n\n"
 
 
 @dataclass

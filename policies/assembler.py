@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import Any, Mapping, Sequence
 from policies.memories import ArtifactView, compact_arguments, render_memory, render_notice
 from policies.policy import Policy, ToolRule
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
+from policies.visibility import Access, access, notice_reason
 
 ASSEMBLER_VERSION = "1"
 _REFERENCING = frozenset({"compacted", "stale", "superseded", "withheld", "arguments_compacted"})
@@ -86,7 +86,6 @@ class Projection:
     policy_version: str
     boundary_round: int  # rounds before this are rendered as of the epoch
     epoch_round: int  # the round count at which the current epoch began
-    assembly_ms: float
     assembler_version: str = ASSEMBLER_VERSION
 
     @property
@@ -170,10 +169,10 @@ class _Assembly:
     """The working state of one assembly; `assemble` is the only entry point."""
 
     def __init__(self, policy: Policy, messages: Sequence[Mapping[str, Any]], records: Records,
-                 now: float, provider: str, encoding: str) -> None:
+                 now: float, provider: str, encoding: str, participant: str | None) -> None:
         self.policy, self.c = policy, policy.compaction
         self.messages, self.records = messages, records
-        self.now, self.provider, self.encoding = now, provider, encoding
+        self.now, self.provider, self.encoding, self.participant = now, provider, encoding, participant
         self.rounds = _rounds(messages)
         self.tokens = [message_tokens(m, encoding) for m in messages]
         self.round_of: dict[int, int] = {}
@@ -238,6 +237,11 @@ class _Assembly:
         if retry is not None and retry <= self._last_index(upto):
             return None
         return "failed_not_retried"
+
+    def access(self, index: int) -> Access:
+        """How the requesting participant may see this result (policies/visibility.py)."""
+        return access(self.policy, self.records.artifacts[index], provider=self.provider,
+                      participant=self.participant, subagent_results=self.records.subagent_results)
 
     def restricted(self, index: int) -> bool:
         if index not in self._restricted:
@@ -383,8 +387,7 @@ def assemble(
     participant: str | None = None,
 ) -> Projection:
     """Project `messages` for `participant` (None: whoever owns everything) at `now`."""
-    started = time.perf_counter()
-    state = _Assembly(policy, messages, records, now, provider, encoding)
+    state = _Assembly(policy, messages, records, now, provider, encoding, participant)
     out: list[dict[str, Any]] = [dict(m) for m in messages]
     decisions: dict[int, Decision] = {}
     omissions: Counter[str] = Counter()
@@ -409,30 +412,17 @@ def assemble(
         if not policy.enabled or role != "tool" or view is None:
             continue
         rnd = state.round_of.get(index, 0)
-        if state.restricted(index):
-            privacy = state.rule(index).privacy
-            decide(index, "withheld", f"restricted:{privacy}",
-                   render_notice(view, f"{privacy} content not sent to provider {provider}"), view.artifact_id)
-            omissions["restricted"] += 1
+        seen = state.access(index)
+        if seen.level == "none":
+            decide(index, "withheld", str(seen.reason),
+                   render_notice(view, notice_reason(seen, provider)), view.artifact_id)
+            omissions[str(seen.omission)] += 1
+            continue
+        if seen.level == "memory":
+            text, _ = state.memory(index)
+            decide(index, "compacted", str(seen.reason), text, view.artifact_id)
             continue
         stale = state.stale_note(index) if index not in trailing else None
-        if participant is not None and view.owner_participant and view.owner_participant != participant:
-            visibility = state.rule(index).visibility
-            if visibility == "participant":
-                decide(index, "withheld", f"private:{view.owner_participant}",
-                       render_notice(view, "private to another participant"), view.artifact_id)
-                omissions["private"] += 1
-                continue
-            if visibility == "memory":
-                text, _ = state.memory(index)
-                decide(index, "compacted", "other_participant", text, view.artifact_id)
-                continue
-        child_tool = records.subagent_results.get(view.sha256)
-        if child_tool is not None and not policy.rule_for(child_tool).promote_to_parent:
-            decide(index, "withheld", "subagent_private",
-                   render_notice(view, "a subagent's private result"), view.artifact_id)
-            omissions["subagent_private"] += 1
-            continue
         if index in latest and not stale:
             continue
         in_epoch = rnd <= boundary
@@ -478,7 +468,6 @@ def assemble(
         policy_version=policy.version_label,
         boundary_round=boundary,
         epoch_round=epoch_round,
-        assembly_ms=(time.perf_counter() - started) * 1000,
     )
 
 
@@ -501,8 +490,8 @@ def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dic
         decision = decisions.get(index)
         if view.artifact_id not in named or decision is None:
             continue
-        if decision.action not in ("compacted", "stale", "superseded"):
-            continue  # withheld stays withheld; verbatim is raw already
+        if decision.action not in ("compacted", "stale", "superseded") or not state.access(index).raw:
+            continue  # withheld stays withheld, a memory-only result stays a memory; verbatim is raw already
         if view.tokens > bound.max_tokens or len(view.content.encode("utf-8", "surrogatepass")) > bound.max_bytes:
             continue
         out[index] = {**out[index], "content": state.messages[index].get("content")}

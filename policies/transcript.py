@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 # Fields that carry meaning for the model. Anything else a client adds
 # (`refusal`, `annotations`, SDK-specific extras) does not change identity,
@@ -76,6 +76,23 @@ def message_path(tenant: str, messages: Iterable[Mapping[str, Any]]) -> list[Pat
         path.append(PathNode(id=nid, parent_id=parent, position=position, message=message))
         parent = nid
     return path
+
+
+def conversation_id_for(tenant: str, label: str | None, path: Sequence[PathNode]) -> str:
+    """The conversation a request belongs to: the unit users see, count and delete.
+
+    A session label names it (`conv_` and a hash of tenant and label, so labels of
+    any length fit and two tenants' labels never meet); without one, the node of
+    the first message after the system prompt, so agents that share a system
+    prompt share a tree but not a conversation.
+    """
+    if label:
+        digest = hashlib.blake2b(f"{tenant}\x00{label}".encode("utf-8", "surrogatepass"), digest_size=NODE_ID_BYTES)
+        return f"conv_{digest.hexdigest()}"
+    for node in path:
+        if node.message.get("role") not in ("system", "developer"):
+            return node.id
+    return path[-1].id
 
 
 def artifact_id_for(node: str) -> str:

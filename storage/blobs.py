@@ -15,7 +15,10 @@ class DirectoryBlobStore:
     """Blobs as files named by their sha256, written atomically and fsynced.
 
     Writes are idempotent: the same content always lands on the same key, so
-    two replicas capturing the same artifact cannot conflict.
+    two replicas capturing the same artifact cannot conflict. A file already
+    there is read back and checked before it is trusted; one that is missing
+    its bytes is written again. Which files may go is decided by the record
+    store (storage/deletion.py), never here.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -29,7 +32,7 @@ class DirectoryBlobStore:
     def put(self, data: bytes) -> str:
         key = hashlib.sha256(data).hexdigest()
         target = self._path(key)
-        if target.exists() and target.stat().st_size == len(data):
+        if self._holds(target, key, len(data)):
             return key
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
@@ -49,6 +52,15 @@ class DirectoryBlobStore:
         finally:
             os.close(dir_fd)
         return key
+
+    @staticmethod
+    def _holds(target: Path, key: str, size: int) -> bool:
+        try:
+            if target.stat().st_size != size:
+                return False
+            return hashlib.sha256(target.read_bytes()).hexdigest() == key
+        except FileNotFoundError:
+            return False
 
     def delete(self, key: str) -> int:
         """Remove a blob; 1 if it was there, 0 if not."""

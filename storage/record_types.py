@@ -31,6 +31,7 @@ class RunStart:
     stream: bool
     session_label: str | None = None
     parent_request_id: str | None = None
+    wire_format: str = "openai.chat"
     started_at: datetime = field(default_factory=utcnow)
 
 
@@ -38,7 +39,7 @@ class RunStart:
 class RunOutcome:
     """How a model run ended."""
 
-    status: str  # ok | error | client_disconnected
+    status: str  # ok | error | internal_error | client_disconnected | interrupted
     latency_ms: float
     http_status: int | None = None
     error_type: str | None = None
@@ -58,14 +59,15 @@ class RunOutcome:
 
 @dataclass(frozen=True)
 class IngestResult:
-    session_id: str
+    session_id: str  # the message tree's root (lineage)
+    conversation_id: str  # the unit users see, count and delete
     new_node_ids: tuple[str, ...]
     new_artifact_ids: tuple[str, ...]
     path_artifact_ids: tuple[str, ...]
     observed_at: Mapping[str, float]  # artifact id -> unix seconds it was first captured
     owners: Mapping[str, str]  # artifact id -> participant that produced it
-    sibling_artifacts: int  # artifacts of the session that are not on this path
-    subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this session
+    sibling_artifacts: int  # artifacts of the conversation that are not on this path
+    subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this conversation
     previous_original_tokens: int  # the client's transcript tokens on the latest earlier run on this path
 
 
@@ -157,6 +159,10 @@ class RunRecord:
     assembly: AssemblyRecord | None
 
 
+class UnknownParentRequest(Exception):
+    """A run names a parent request that is not its tenant's."""
+
+
 class ArtifactCorrupted(Exception):
     """Stored artifact bytes no longer match their recorded sha256."""
 
@@ -204,6 +210,7 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
         "leaf_node_id": row.leaf_node_id,
         "message_count": row.message_count,
         "stream": row.stream,
+        "wire_format": row.wire_format,
         "status": row.status,
         "http_status": row.http_status,
         "error": (

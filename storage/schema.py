@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -50,8 +51,9 @@ class ModelRun(Base):
     tenant: Mapped[str] = mapped_column(TENANT, index=True)
     session_id: Mapped[str] = mapped_column(ID, index=True)
     session_label: Mapped[str | None] = mapped_column(String(256))
-    # The conversation within the session tree: the node of its first message after the
-    # system prompt. Agents that share a system prompt share a tree, not a conversation.
+    # The conversation: the unit users see, count and delete. `conv_<hash of tenant and label>`
+    # for a session label, else the node of the first message after the system prompt.
+    # Agents that share a system prompt share a tree (`session_id`), not a conversation.
     conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
     participant: Mapped[str] = mapped_column(String(256))
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
@@ -60,7 +62,9 @@ class ModelRun(Base):
     leaf_node_id: Mapped[str] = mapped_column(ID, index=True)
     message_count: Mapped[int] = mapped_column(Integer)
     stream: Mapped[bool] = mapped_column(Boolean)
-    status: Mapped[str] = mapped_column(String(32))
+    wire_format: Mapped[str | None] = mapped_column(String(32))  # openai.chat, ...
+    instance_id: Mapped[str | None] = mapped_column(ID)  # the gateway process that served it
+    status: Mapped[str] = mapped_column(String(32), index=True)
     http_status: Mapped[int | None] = mapped_column(Integer)
     error_type: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -114,7 +118,7 @@ class ToolArtifact(Base):
     tokens: Mapped[int] = mapped_column(Integer)
     content_type: Mapped[str] = mapped_column(String(64))
     content: Mapped[bytes | None] = mapped_column(LargeBinary)
-    blob_key: Mapped[str | None] = mapped_column(String(128))
+    blob_key: Mapped[str | None] = mapped_column(String(128), index=True)
     owner_participant: Mapped[str] = mapped_column(String(256))
     privacy_class: Mapped[str | None] = mapped_column(String(64))
     freshness_class: Mapped[str | None] = mapped_column(String(64))
@@ -123,6 +127,40 @@ class ToolArtifact(Base):
 
 
 Index("ix_model_runs_tenant_started", ModelRun.tenant, ModelRun.started_at)
+
+
+class ConversationNode(Base):
+    """A message node one conversation uses. Conversations that begin alike share nodes (and
+    their artifacts); a node goes when the last conversation that uses it is deleted. A
+    conversation's nodes are closed under parents: every request adds its whole path."""
+
+    __tablename__ = "conversation_nodes"
+
+    conversation_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    node_id: Mapped[str] = mapped_column(ID, ForeignKey("message_nodes.id"), primary_key=True, index=True)
+
+
+class Blob(Base):
+    """A file of the blob store. Its row is the lock that capture and collection share: capture
+    upserts it before writing the file, collection deletes it before removing the file."""
+
+    __tablename__ = "blobs"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the bytes
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class GatewayInstance(Base):
+    """A running gateway process; its heartbeat tells others whether its pending runs are alive."""
+
+    __tablename__ = "gateway_instances"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    host: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
 
 class ContextAssembly(Base):

@@ -21,7 +21,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 
 @dataclass
@@ -34,6 +34,8 @@ class Step:
     usage: dict[str, Any] | None = None
     break_stream_after: int | None = None  # drop the connection after N chunks
     chunk_delay: float = 0.0  # seconds between SSE chunks
+    raw: str | None = None  # answer these bytes as they are (garbage: truncated JSON, HTML, ...)
+    content_type: str = "application/json"
 
 
 @dataclass
@@ -128,6 +130,8 @@ def build_app(state: FakeState) -> FastAPI:
         step = state.next_step()
         if step.delay:
             await asyncio.sleep(step.delay)
+        if step.raw is not None:
+            return Response(step.raw.encode(), status_code=step.status, media_type=step.content_type)
         if step.status != 200:
             error = step.error or {"message": f"scripted error {step.status}", "type": "api_error",
                                    "param": None, "code": None}

@@ -192,16 +192,25 @@ def test_pending_approval_never_becomes_permission(gateway: RunningGateway) -> N
 
 
 def test_branch_from_an_edited_user_message(gateway: RunningGateway) -> None:
+    session = {"x-gateway-session": "chat-42"}  # the client's session: both branches belong to it
     first = Agent(gateway)
-    first.send({"role": "user", "content": "Use the STAGING database."}, call("q1", "run_query", sql="select 1"))
-    first.send(result("q1", "staging rows: SECRET-STAGING-ROW\n" + FILLER))
-    first.send({"role": "assistant", "content": "Done."}, {"role": "user", "content": "ok"})
+    first.send({"role": "user", "content": "Use the STAGING database."}, call("q1", "run_query", sql="select 1"),
+               headers=session)
+    first.send(result("q1", "staging rows: SECRET-STAGING-ROW\n" + FILLER), headers=session)
+    first.send({"role": "assistant", "content": "Done."}, {"role": "user", "content": "ok"}, headers=session)
     # The user edits their first message; the client sends the new branch.
     branch = Agent(gateway)
-    branch.send({"role": "user", "content": "Use the PRODUCTION database."}, call("q1", "run_query", sql="select 1"))
-    seen = branch.send(result("q1", "production rows: PROD-ROW\n" + FILLER))
+    branch.send({"role": "user", "content": "Use the PRODUCTION database."}, call("q1", "run_query", sql="select 1"),
+                headers=session)
+    seen = branch.send(result("q1", "production rows: PROD-ROW\n" + FILLER), headers=session)
     assert "PROD-ROW" in seen and "SECRET-STAGING-ROW" not in seen
     assert branch.assembly()["omissions"].get("sibling_branch") == 1
+    # Without a session label an edited first message starts a conversation of its own.
+    alone = Agent(gateway)
+    alone.send({"role": "user", "content": "Use the TEST database."}, call("q1", "run_query", sql="select 1"))
+    seen = alone.send(result("q1", "test rows: TEST-ROW\n" + FILLER))
+    assert "SECRET-STAGING-ROW" not in seen and "PROD-ROW" not in seen
+    assert "sibling_branch" not in alone.assembly()["omissions"]
 
 
 def test_prompt_injection_inside_a_tool_result(gateway: RunningGateway) -> None:

@@ -1,0 +1,87 @@
+"""Plain ASGI middleware at the edge: hostile request lines, and faults of our own.
+
+`RequestSanity` refuses a path, query parameter or header holding NUL or a
+lone surrogate (what storage cannot hold) with a 400 that names it, before any
+route sees it. `ErrorBoundary` answers any exception that escapes a route with
+a 500 in the caller's format and returns normally, so the server keeps the
+keep-alive connection (Starlette's own handler re-raises, and the server then
+drops the connection).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from urllib.parse import parse_qsl
+
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.metrics import GatewayMetrics
+from gateway.run_recorder import internal_error
+from gateway.wire.formats import error_response
+
+log = logging.getLogger("gateway")
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def _check(value: str, param: str) -> None:
+    if _BAD_TEXT.search(value):
+        raise InvalidRequest(f"{param}: may not contain NUL characters or invalid UTF-8", param=param)
+
+
+def check_request_line(scope: Scope) -> None:
+    _check(scope.get("path", ""), "path")
+    query = scope.get("query_string", b"")
+    if query:
+        text = query.decode("utf-8", "surrogateescape")
+        for name, value in parse_qsl(text, keep_blank_values=True, errors="surrogateescape"):
+            _check(name, "query")
+            _check(value, name)
+    for name, value in scope.get("headers", ()):
+        if b"\x00" in value:
+            raise InvalidRequest(f"header {name.decode('latin-1')}: may not contain NUL characters",
+                                 param=name.decode("latin-1"))
+
+
+class RequestSanity:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                check_request_line(scope)
+            except GatewayError as error:
+                await error_response(scope.get("path", ""), error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class ErrorBoundary:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # nobody left to answer
+        except Exception as exc:
+            log.exception("unhandled error on %s", scope.get("path"))
+            self.metrics.observe_error("internal_error")
+            if started:
+                return  # the answer is under way; the server ends the broken response
+            await error_response(scope.get("path", ""), internal_error(exc))(scope, receive, send)

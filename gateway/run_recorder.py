@@ -1,0 +1,166 @@
+"""The run recorder: once a run is opened, every exit records how it ended.
+
+The pipeline opens a run when ingest commits it as `pending`; from then on the
+recorder owns its outcome. An answer records `ok`; a `GatewayError` records
+`error` with its code; any other exception records `internal_error` with the
+exception's type; a client that hangs up records `client_disconnected`; a
+cancellation records `interrupted`. A streamed answer hands the recorder to
+`RecordedStream`, which finishes it whatever happens to the stream. Every
+recorder also sits in the request's ASGI scope, and `RunGuard` (the outermost
+middleware but one) finishes any left open when the request ends, so not even
+a bug in between leaves a run pending. What a crash leaves pending is settled
+by `storage.instances` when the next gateway starts.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+import anyio
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from gateway import outcomes
+from gateway.errors import GatewayError, InternalError
+from gateway.metrics import GatewayMetrics
+from gateway.outcomes import Accounting
+from policies.transcript import PathNode
+from storage.record_types import AssemblyRecord, IngestResult, RunOutcome, RunStart
+from storage.records import RecordStore
+
+log = logging.getLogger("gateway.runs")
+_SCOPE_KEY = "run_recorders"
+
+
+def internal_error(exc: BaseException) -> InternalError:
+    """What the client is told, and the run records, for a fault of the gateway itself."""
+    return InternalError("The gateway hit an internal error; the request was recorded and can be retried.",
+                         detail=f"{type(exc).__name__}: {exc}"[:1000])
+
+
+class RunRecorder:
+    """Records one run's outcome exactly once."""
+
+    def __init__(self, store: RecordStore, metrics: GatewayMetrics, start: RunStart, scope: Scope) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.start = start
+        self.accounting: Accounting | None = None
+        self.assembly: AssemblyRecord | None = None
+        self.started = time.perf_counter()
+        self.opened = False  # the pending run is committed
+        self.finished = False
+        self.streaming = False  # handed to a RecordedStream, which finishes it
+        scope.setdefault("state", {}).setdefault(_SCOPE_KEY, []).append(self)
+
+    async def ingest(self, path: Sequence[PathNode]) -> IngestResult:
+        """Capture the request and open its run (durably, before anything is forwarded)."""
+        result = await run_in_threadpool(self.store.ingest, path, self.start)
+        self.opened = True
+        return result
+
+    def forwarding(self) -> None:
+        """The run's latency counts from here: the upstream's time, hidden rounds included."""
+        self.started = time.perf_counter()
+
+    async def finish(self, outcome: RunOutcome) -> None:
+        if self.finished or not self.opened:
+            return
+        self.finished = True
+        try:
+            with anyio.CancelScope(shield=True):  # a cancelled request still records its end
+                await run_in_threadpool(self.store.finish_run, self.start.request_id, outcome, self.assembly)
+        except Exception:  # the store is down: the run stays pending until the next start settles it
+            log.exception("could not record the outcome of run %s", self.start.request_id)
+            return
+        self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
+
+    async def succeed(self, response: Mapping[str, Any]) -> None:
+        assert self.accounting is not None
+        await self.finish(outcomes.success(dict(response), self.started, self.accounting))
+
+    async def fail(self, error: GatewayError, status: str = "error") -> None:
+        await self.finish(outcomes.failure(error, self.started, self.accounting, status=status))
+
+    async def end_for(self, exc: BaseException | None, *, streaming: bool = False) -> None:
+        """The outcome an exception (or none at all) implies, if no other was recorded."""
+        if self.finished or not self.opened:
+            return
+        if isinstance(exc, GatewayError):
+            await self.fail(exc)
+        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit, ClientDisconnect, OSError)) or (
+                exc is None and streaming):
+            status = "client_disconnected" if streaming else "interrupted"
+            message = "the client closed the stream" if streaming else "the request was cancelled"
+            await self.fail(GatewayError(message, code=status), status=status)
+        elif isinstance(exc, Exception):
+            await self.fail(internal_error(exc), status="internal_error")
+        else:
+            error = GatewayError("the request ended without recording an outcome", code="interrupted")
+            await self.fail(error, status="interrupted")
+
+    async def __aenter__(self) -> "RunRecorder":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None and not self.streaming:
+            await self.end_for(exc)
+        return False
+
+
+def open_recorders(scope: Scope) -> list[RunRecorder]:
+    return [r for r in scope.get("state", {}).get(_SCOPE_KEY, ()) if r.opened and not r.finished]
+
+
+class RecordedStream(StreamingResponse):
+    """A streamed answer whose run is finished however the stream ends."""
+
+    def __init__(self, events: AsyncIterator[bytes], recorder: RunRecorder, headers: Mapping[str, str]) -> None:
+        recorder.streaming = True
+        self.recorder = recorder
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failure: BaseException | None = None
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientDisconnect as exc:  # the client went away: nothing left to answer
+            failure = exc
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                close = getattr(self.body_iterator, "aclose", None)
+                if close is not None:
+                    try:
+                        await close()  # stops the upstream stream it was reading
+                    except Exception:
+                        log.exception("closing the stream of run %s", self.recorder.start.request_id)
+                await self.recorder.end_for(failure, streaming=True)
+
+
+class RunGuard:
+    """Plain ASGI middleware: no run outlives its request without an outcome."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        failure: BaseException | None = None
+        try:
+            await self.app(scope, receive, send)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            for recorder in open_recorders(scope):
+                await recorder.end_for(failure, streaming=recorder.streaming)

@@ -1,0 +1,18 @@
+"""Which wire format a path speaks, and errors rendered in it."""
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from gateway.errors import GatewayError
+from gateway.wire import WireFormat
+from gateway.wire.openai_chat import OPENAI_CHAT
+
+
+def format_for_path(path: str) -> WireFormat:
+    """The format whose error shape a path answers in (OpenAI's for every route so far)."""
+    return OPENAI_CHAT
+
+
+def error_response(path: str, error: GatewayError) -> JSONResponse:
+    body = format_for_path(path).error_body(error)
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)

@@ -1,0 +1,80 @@
+"""Reading a JSON request body safely: every defect is a 400 that names where it is.
+
+`json.loads` alone accepts what no provider does (`NaN`, `Infinity`, lone
+UTF-16 surrogates such as `"\\ud800"`) and recurses without a bound on deep
+nesting. Here the body is parsed with those refused, and walked once to bound
+its depth and find any lone surrogate, so what reaches the pipeline can be
+stored (PostgreSQL refuses surrogates and NUL in text) and forwarded as is.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from gateway.errors import InvalidRequest
+
+MAX_DEPTH = 64
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_constant(name: str) -> Any:
+    raise InvalidRequest(f"the request body is not valid JSON: {name} is not a JSON number", code="invalid_json")
+
+
+def param_path(loc: tuple[Any, ...]) -> str:
+    """('messages', 2, 'content') -> messages[2].content"""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _walk(value: Any, loc: tuple[Any, ...], check_strings: bool) -> None:
+    if len(loc) > MAX_DEPTH:
+        raise InvalidRequest(f"{param_path(loc[:MAX_DEPTH])}: nested deeper than {MAX_DEPTH} levels",
+                             param=param_path(loc[:MAX_DEPTH]) or None, code="invalid_json")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if check_strings and _SURROGATE.search(key):
+                raise _surrogate(loc)
+            _walk(item, (*loc, key), check_strings)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _walk(item, (*loc, index), check_strings)
+    elif check_strings and isinstance(value, str) and _SURROGATE.search(value):
+        raise _surrogate(loc)
+
+
+def _surrogate(loc: tuple[Any, ...]) -> InvalidRequest:
+    param = param_path(loc) or None
+    return InvalidRequest(f"{param or 'the request body'}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not text",
+                          param=param, code="invalid_json")
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or InvalidRequest (code invalid_json) naming the problem."""
+    if not raw.strip():
+        raise InvalidRequest("the request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError as exc:
+        raise InvalidRequest(f"the request body is nested deeper than {MAX_DEPTH} levels",
+                             code="invalid_json") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    # Valid UTF-8 cannot hold a surrogate: only a \\uD8xx-\\uDFxx escape makes one.
+    _walk(body, (), check_strings=bool(_SURROGATE_ESCAPE.search(raw)))
+    return body
+
+
+def check_text(value: str, param: str) -> str:
+    """An id, name or header value: no NUL and no lone surrogate (storage refuses both)."""
+    if "\x00" in value:
+        raise InvalidRequest(f"{param}: may not contain NUL characters", param=param)
+    if _SURROGATE.search(value):
+        raise InvalidRequest(f"{param}: a lone UTF-16 surrogate is not text", param=param)
+    return value

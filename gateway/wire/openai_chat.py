@@ -1,0 +1,195 @@
+"""OpenAI Chat Completions: `POST /v1/chat/completions` in and out.
+
+The body is kept as the client sent it (unknown OpenAI fields pass through
+untouched); pydantic checks the parts the gateway relies on, the content parts
+are checked by type, and every problem becomes a 400 `invalid_request_error`
+that names the field. The neutral transcript is this format's own messages, so
+answers go back unchanged.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.wire import NeutralRequest
+from gateway.wire.json_body import check_text, param_path, parse_json_object
+from policies.protocol import orphan_tool_messages
+
+# Bounds the record store holds (OpenAI's own are tighter: 64-character names, 40-character call ids).
+NAME_MAX = 256
+ID_MAX = 256
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Function(_Open):
+    name: StrictStr = Field(min_length=1, max_length=NAME_MAX)
+    arguments: StrictStr
+
+
+class _ToolCall(_Open):
+    id: StrictStr = Field(min_length=1, max_length=ID_MAX)
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class _Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: StrictStr | list[dict[str, Any]] | None = None
+    name: StrictStr | None = Field(None, max_length=NAME_MAX)
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: StrictStr | None = Field(None, max_length=ID_MAX)
+
+
+class _ToolFunction(_Open):
+    name: StrictStr = Field(min_length=1, max_length=NAME_MAX)
+
+
+class _Tool(_Open):
+    type: StrictStr
+    function: _ToolFunction | None = None
+
+
+class _ChatBody(_Open):
+    model: StrictStr = Field(min_length=1, max_length=NAME_MAX)
+    messages: list[_Message] = Field(min_length=1)
+    stream: StrictBool | None = None
+    stream_options: dict[str, Any] | None = None
+    tools: list[_Tool] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    n: int | None = Field(None, ge=1, le=128)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    response_format: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    user: StrictStr | None = None
+
+
+# A content part's type -> the field that must hold a string (None: an object is enough).
+_TEXT_FIELDS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}
+_OBJECT_FIELDS = {"input_audio": "input_audio", "file": "file"}
+
+
+def _check_part(part: Any, param: str) -> None:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise InvalidRequest(f"{param}: a content part is an object with a string `type`", param=param)
+    kind = part["type"]
+    if kind in _TEXT_FIELDS and not isinstance(part.get(_TEXT_FIELDS[kind]), str):
+        field = f"{param}.{_TEXT_FIELDS[kind]}"
+        raise InvalidRequest(f"{field}: a {kind} part needs a string `{_TEXT_FIELDS[kind]}`", param=field)
+    if kind == "image_url":
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        if not isinstance(url, str):
+            raise InvalidRequest(f"{param}.image_url: an image_url part needs a string url", param=f"{param}.image_url")
+    if kind in _OBJECT_FIELDS and not isinstance(part.get(_OBJECT_FIELDS[kind]), dict):
+        field = f"{param}.{_OBJECT_FIELDS[kind]}"
+        raise InvalidRequest(f"{field}: a {kind} part needs an object", param=field)
+
+
+def _is_union_tag(part: Any) -> bool:
+    """pydantic names the union member that failed inside `loc` (`str`, `list[...]`)."""
+    return isinstance(part, str) and (part in ("str", "int", "bool", "none", "float") or "[" in part)
+
+
+def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]]) -> None:
+    for index, message in enumerate(checked.messages):
+        where = f"messages[{index}]"
+        if isinstance(message.content, list):
+            for number, part in enumerate(message.content):
+                _check_part(part, f"{where}.content[{number}]")
+        if message.role == "tool" and not message.tool_call_id:
+            raise InvalidRequest(f"{where}.tool_call_id: a tool message needs the id of the call it answers",
+                                 param=f"{where}.tool_call_id")
+        for field in ("name", "tool_call_id"):
+            value = getattr(message, field)
+            if value is not None:
+                check_text(value, f"{where}.{field}")
+        for number, call in enumerate(message.tool_calls or []):
+            check_text(call.id, f"{where}.tool_calls[{number}].id")
+            check_text(call.function.name, f"{where}.tool_calls[{number}].function.name")
+            check_text(call.function.arguments, f"{where}.tool_calls[{number}].function.arguments")
+    orphans = orphan_tool_messages(messages)
+    if orphans:
+        index, reason = orphans[0]
+        param = f"messages[{index}]"
+        raise InvalidRequest(f"{param}: {reason}", param=param, code="invalid_tool_message")
+
+
+def parse_chat_body(body: dict[str, Any]) -> NeutralRequest:
+    """A parsed body checked as a chat completion request."""
+    try:
+        checked = _ChatBody.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = param_path(tuple(part for part in first["loc"] if not _is_union_tag(part)))
+        message = "is required" if first["type"] == "missing" else first["msg"]
+        raise InvalidRequest(f"{param}: {message}", param=param) from exc
+    check_text(checked.model, "model")
+    for index, tool in enumerate(checked.tools or []):
+        if tool.type == "function" and tool.function is None:
+            raise InvalidRequest(f"tools[{index}].function: is required for a function tool",
+                                 param=f"tools[{index}].function")
+    messages = body["messages"]
+    _check_messages(checked, messages)
+    options = body.get("stream_options")
+    return NeutralRequest(
+        model=checked.model,
+        messages=messages,
+        stream=bool(checked.stream),
+        params={k: v for k, v in body.items() if k not in ("model", "messages", "stream")},
+        wants_stream_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+    )
+
+
+def sse_event(payload: Any) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+def error_body(error: GatewayError) -> dict[str, Any]:
+    return {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}}
+
+
+class _ChatStream:
+    def __init__(self, request: NeutralRequest) -> None:
+        self.request = request
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        return sse_event(chunk)
+
+    def usage(self, chunk: dict[str, Any]) -> bytes:
+        return sse_event(chunk) if self.request.wants_stream_usage else b""
+
+    def done(self) -> bytes:
+        return SSE_DONE
+
+    def error(self, error: GatewayError) -> bytes:
+        return sse_event(error_body(error))  # and no [DONE]: the stream did not complete
+
+
+class OpenAIChat:
+    name = "openai.chat"
+
+    def parse(self, raw: bytes) -> NeutralRequest:
+        return parse_chat_body(parse_json_object(raw))
+
+    def response(self, completion: dict[str, Any], request: NeutralRequest) -> dict[str, Any]:
+        return completion
+
+    def stream_renderer(self, request: NeutralRequest) -> _ChatStream:
+        return _ChatStream(request)
+
+    def error_body(self, error: GatewayError) -> dict[str, Any]:
+        return error_body(error)
+
+
+OPENAI_CHAT = OpenAIChat()

@@ -1,0 +1,363 @@
+"""Capture: the durable step of the request path, and the run's outcome.
+
+`ingest` commits every new message node, tool call and tool artifact of a
+request (large artifacts written to the blob store and fsynced first), the
+request's membership in its conversation, and the pending ModelRun, in one
+transaction, before anything is forwarded. Re-sent transcripts map onto
+existing nodes, so nothing is stored twice; concurrent replicas inserting the
+same rows do not conflict. A conversation deleted while a request that shares
+its nodes is being captured makes that capture fail a foreign key and start
+over, so no request ever ends up pointing at removed rows.
+"""
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, aliased
+
+from policies.tokens import count_text
+from policies.tool_status import tool_result_status
+from policies.transcript import (
+    PathNode,
+    artifact_id_for,
+    canonical_json,
+    conversation_id_for,
+    tool_call_pk,
+    tool_result_bytes,
+)
+from storage.record_types import (
+    AssemblyRecord,
+    IngestResult,
+    RunOutcome,
+    RunStart,
+    UnknownParentRequest,
+    as_utc,
+    assembly_to_row,
+)
+from storage.schema import Blob, ConversationNode, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.store_base import StoreBase
+
+SIBLING_COUNT_BOUND = 10_000
+INGEST_ATTEMPTS = 3
+_CHUNK = 500
+
+# call id -> (assistant node, call, author): a result belongs to whoever made the call
+_OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
+
+
+class Capture(StoreBase):
+    def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
+        """Store the request's new nodes, tool calls and artifacts, and open its run."""
+        if not path:
+            raise ValueError("a request has at least one message")
+        for attempt in range(1, INGEST_ATTEMPTS + 1):
+            try:
+                return self._ingest(path, run)
+            except IntegrityError:
+                # A node this path shares went with a conversation deleted meanwhile:
+                # capture again, and the missing nodes are stored anew.
+                if attempt == INGEST_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
+        tenant = run.tenant
+        session_id = path[0].id
+        conversation = conversation_id_for(tenant, run.session_label, path)
+        now = self._now()
+        with Session(self.engine) as session, session.begin():
+            if run.parent_request_id is not None:
+                parent_tenant = session.scalar(select(ModelRun.tenant).where(ModelRun.id == run.parent_request_id))
+                if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
+                    raise UnknownParentRequest(run.parent_request_id)
+            existing, members = self._known_nodes(session, conversation, [n.id for n in path])
+            new: list[PathNode] = []
+            node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
+            open_calls: _OpenCalls = {}
+            for node in path:
+                if node.message.get("role") == "assistant":
+                    author = node.message.get("name")
+                    open_calls = {
+                        str(c.get("id")): (node.id, c, author) for c in node.message.get("tool_calls") or []
+                    }
+                if node.id in existing:
+                    continue
+                new.append(node)
+                row, artifact, raw = self._node_rows(tenant, session_id, node, open_calls, run, now)
+                node_rows.append(row)
+                if artifact is not None:
+                    artifact_rows.append(artifact)
+                    if artifact["blob_key"]:
+                        blobs[artifact["blob_key"]] = raw
+                call_rows.extend(self._call_rows(session, tenant, node, now))
+            self._insert_ignoring_conflicts(session, MessageNode, node_rows)
+            self._write_blobs(session, blobs, now)
+            self._insert_ignoring_conflicts(session, ToolCall, call_rows)
+            self._insert_ignoring_conflicts(session, ToolArtifact, artifact_rows)
+            self._insert_ignoring_conflicts(session, ConversationNode, [
+                {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
+            ])
+            path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
+            observed, owners = self._artifact_facts(session, path_artifacts)
+            in_conversation = session.scalar(
+                select(func.count()).select_from(
+                    select(ConversationNode.node_id)
+                    .join(ToolArtifact, ToolArtifact.node_id == ConversationNode.node_id)
+                    .where(ConversationNode.conversation_id == conversation)
+                    .limit(SIBLING_COUNT_BOUND + len(path)).subquery()
+                )
+            )
+            subagent_results = self._subagent_results(session, tenant, conversation, run.parent_request_id)
+            # Node ids hash the tenant in, so the leaf index alone is tenant-scoped.
+            previous = session.scalar(
+                select(ModelRun.tokens_original)
+                .where(ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
+                       ModelRun.tokens_original.is_not(None))
+                .order_by(ModelRun.started_at.desc())
+                .limit(1)
+            )
+            session.add(self._run_row(run, session_id, conversation, path))
+        return IngestResult(
+            session_id=session_id,
+            conversation_id=conversation,
+            new_node_ids=tuple(n.id for n in new),
+            new_artifact_ids=tuple(a["id"] for a in artifact_rows),
+            path_artifact_ids=tuple(path_artifacts),
+            observed_at=observed,
+            owners=owners,
+            sibling_artifacts=max(0, int(in_conversation or 0) - len(path_artifacts)),
+            subagent_results=subagent_results,
+            previous_original_tokens=int(previous or 0),
+        )
+
+    def _run_row(self, run: RunStart, session_id: str, conversation: str, path: Sequence[PathNode]) -> ModelRun:
+        return ModelRun(
+            id=run.request_id,
+            tenant=run.tenant,
+            session_id=session_id,
+            session_label=run.session_label,
+            conversation_id=conversation,
+            participant=run.participant,
+            parent_request_id=run.parent_request_id,
+            model=run.model,
+            upstream_model=run.upstream_model,
+            leaf_node_id=path[-1].id,
+            message_count=len(path),
+            stream=run.stream,
+            wire_format=run.wire_format,
+            instance_id=self.instance_id,
+            status="pending",
+            started_at=run.started_at,
+        )
+
+    def _known_nodes(self, session: Session, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
+        """(the nodes that exist, those of them this conversation already uses)."""
+        existing: set[str] = set()
+        members: set[str] = set()
+        for start in range(0, len(ids), _CHUNK):
+            rows = session.execute(
+                select(MessageNode.id, ConversationNode.node_id)
+                .outerjoin(ConversationNode, (ConversationNode.node_id == MessageNode.id)
+                           & (ConversationNode.conversation_id == conversation))
+                .where(MessageNode.id.in_(ids[start : start + _CHUNK]))
+            )
+            for node, member in rows:
+                existing.add(node)
+                if member is not None:
+                    members.add(node)
+        return existing, members
+
+    def _write_blobs(self, session: Session, blobs: dict[str, bytes], now: datetime) -> None:
+        """Write large artifacts' files, each under its registry row's lock (see storage/deletion.py).
+
+        The upsert locks the row until this transaction ends, so blob collection, which
+        deletes the row before it removes a file, cannot remove one this capture relies on.
+        """
+        for key in sorted(blobs):  # one order everywhere: no deadlock between captures
+            statement = self._insert(Blob).values(key=key, size_bytes=len(blobs[key]), created_at=now)
+            session.execute(statement.on_conflict_do_update(index_elements=[Blob.key],
+                                                            set_={"size_bytes": statement.excluded.size_bytes}))
+            self.blobs.put(blobs[key])  # verifies what is on disk; fsynced before the row commits
+
+    def _subagent_results(
+        self, session: Session, tenant: str, conversation: str, own_parent: str | None
+    ) -> dict[str, str]:
+        """Results captured by subagent runs (of this tenant) whose parent run is in this conversation.
+
+        Driven from the conversation's runs through the parent_request_id index, so the
+        cost follows the conversation's size, not the tenant's history.
+        """
+        child = aliased(ModelRun)
+        parent = aliased(ModelRun)
+        children = (
+            select(child.id)
+            .join(parent, child.parent_request_id == parent.id)
+            .where(parent.conversation_id == conversation, parent.tenant == tenant, child.tenant == tenant)
+        )
+        if own_parent is not None:  # a subagent's own results are not private from itself
+            children = children.where(child.parent_request_id != own_parent)
+        child_ids = list(session.scalars(children))
+        if not child_ids:
+            return {}
+        query = select(ToolArtifact.sha256, ToolArtifact.tool_name).where(
+            ToolArtifact.captured_by_request.in_(child_ids), ToolArtifact.tenant == tenant
+        )
+        return {sha: name or "" for sha, name in session.execute(query)}
+
+    def _artifact_facts(
+        self, session: Session, artifact_ids: list[str]
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        observed: dict[str, float] = {}
+        owners: dict[str, str] = {}
+        for start in range(0, len(artifact_ids), _CHUNK):
+            chunk = artifact_ids[start : start + _CHUNK]
+            rows = session.execute(
+                select(ToolArtifact.id, ToolArtifact.observed_at, ToolArtifact.owner_participant)
+                .where(ToolArtifact.id.in_(chunk))
+            )
+            for artifact_id, moment, owner in rows:
+                observed[artifact_id] = as_utc(moment).timestamp()
+                owners[artifact_id] = owner
+        return observed, owners
+
+    def _node_rows(
+        self,
+        tenant: str,
+        session_id: str,
+        node: PathNode,
+        calls: _OpenCalls,
+        run: RunStart,
+        now: datetime,
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, bytes]:
+        """The node's row, and for a tool message its artifact's row and raw bytes."""
+        message = dict(node.message)
+        role = str(message.get("role"))
+        artifact = None
+        artifact_id = None
+        raw = b""
+        if role == "tool":
+            artifact_id = artifact_id_for(node.id)
+            artifact, raw = self._artifact_row(tenant, session_id, node, artifact_id, calls, run, now)
+            message.pop("content", None)  # the artifact holds it, byte-exact
+        row = {
+            "id": node.id,
+            "tenant": tenant,
+            "parent_id": node.parent_id,
+            "session_id": session_id,
+            "depth": node.position,
+            "role": role,
+            "message_json": canonical_json(message),
+            "artifact_id": artifact_id,
+            "first_request_id": run.request_id,
+            "created_at": now,
+        }
+        return row, artifact, raw
+
+    def _artifact_row(
+        self,
+        tenant: str,
+        session_id: str,
+        node: PathNode,
+        artifact_id: str,
+        calls: _OpenCalls,
+        run: RunStart,
+        now: datetime,
+    ) -> tuple[dict[str, Any], bytes]:
+        raw, content_type = tool_result_bytes(node.message.get("content"))
+        text_content = raw.decode("utf-8", "replace")
+        call_id = str(node.message.get("tool_call_id") or "")
+        call_node_id, call, author = calls.get(call_id, (None, {}, None))
+        function = call.get("function") or {}
+        digest = hashlib.sha256(raw).hexdigest()
+        large = len(raw) > self.inline_max_bytes
+        row = {
+            "id": artifact_id,
+            "tenant": tenant,
+            "node_id": node.id,
+            "session_id": session_id,
+            "tool_call_id": call_id,
+            "tool_call_pk": tool_call_pk(call_node_id, call_id) if call_node_id else None,
+            "tool_name": function.get("name"),
+            "arguments": function.get("arguments"),
+            "status": tool_result_status(text_content),
+            "sha256": digest,
+            "size_bytes": len(raw),
+            "tokens": count_text(text_content),
+            "content_type": content_type,
+            "content": None if large else raw,
+            "blob_key": digest if large else None,  # blobs are named by their sha256
+            "owner_participant": author or run.participant,
+            "privacy_class": None,
+            "freshness_class": None,
+            "captured_by_request": run.request_id,
+            "observed_at": now,
+        }
+        return row, raw
+
+    def _call_rows(
+        self, session: Session, tenant: str, node: PathNode, now: datetime
+    ) -> list[dict[str, Any]]:
+        tool_calls = node.message.get("tool_calls") or []
+        if node.message.get("role") != "assistant" or not tool_calls:
+            return []
+        run_id = None
+        if node.parent_id is not None:
+            # The run whose request ended at this message's parent produced it.
+            run_id = session.scalar(
+                select(ModelRun.id)
+                .where(ModelRun.tenant == tenant, ModelRun.leaf_node_id == node.parent_id)
+                .order_by(ModelRun.started_at.desc())
+                .limit(1)
+            )
+        rows = []
+        for call in tool_calls:
+            function = call.get("function") or {}
+            call_id = str(call.get("id") or "")
+            rows.append(
+                {
+                    "id": tool_call_pk(node.id, call_id),
+                    "tenant": tenant,
+                    "node_id": node.id,
+                    "call_id": call_id,
+                    "name": str(function.get("name") or ""),
+                    "arguments": str(function.get("arguments") or ""),
+                    "run_id": run_id,
+                    "created_at": now,
+                }
+            )
+        return rows
+
+    def finish_run(
+        self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
+    ) -> None:
+        """Record how a run ended. Once only; but a real outcome replaces `interrupted` (a guess)."""
+        values: dict[str, Any] = {
+            "status": outcome.status,
+            "latency_ms": outcome.latency_ms,
+            "http_status": outcome.http_status,
+            "error_type": outcome.error_type,
+            "error_message": outcome.error_message,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "cached_tokens": outcome.cached_tokens,
+            "total_tokens": outcome.total_tokens,
+            "cost_usd": outcome.cost_usd,
+            "cost_original_usd": outcome.cost_original_usd,
+            "tokens_original": outcome.tokens_original,
+            "tokens_forwarded": outcome.tokens_forwarded,
+            "cache_write_tokens": outcome.cache_write_tokens,
+            "finish_reason": outcome.finish_reason,
+            "response_json": canonical_json(outcome.response) if outcome.response else None,
+            "finished_at": self._now(),
+        }
+        with Session(self.engine) as session, session.begin():
+            tenant = session.scalar(
+                update(ModelRun).where(ModelRun.id == request_id, ModelRun.status.in_(("pending", "interrupted")))
+                .values(**values).returning(ModelRun.tenant)
+            )
+            if assembly is not None and tenant is not None:
+                session.add(assembly_to_row(request_id, tenant, assembly))

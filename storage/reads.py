@@ -1,0 +1,218 @@
+"""The record store's read side: artifacts, runs, assemblies, the ledger's rows, transcripts."""
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from datetime import datetime
+from typing import Any, Iterable
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from storage.record_types import (
+    ArtifactCorrupted,
+    ArtifactRecord,
+    RunRecord,
+    artifact_from_row,
+    assembly_from_row,
+    as_utc,
+    run_as_dict,
+)
+from storage.schema import ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.store_base import StoreBase
+
+
+class Reads(StoreBase):
+    def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
+        """The artifact, if it exists and `tenant` may see it (None: any tenant)."""
+        with Session(self.engine) as session:
+            query = select(ToolArtifact).where(ToolArtifact.id == artifact_id)
+            if tenant is not None:
+                query = query.where(ToolArtifact.tenant == tenant)
+            row = session.scalar(query)
+            return artifact_from_row(row) if row else None
+
+    def get_call_arguments(self, artifact_id: str, tenant: str | None) -> tuple[str, dict[str, Any]] | None:
+        """The raw arguments of a tool call served as an `args_...` artifact, and its metadata."""
+        if not artifact_id.startswith("args_"):
+            return None
+        with Session(self.engine) as session:
+            query = select(ToolCall).where(ToolCall.id == artifact_id[len("args_") :])
+            if tenant is not None:
+                query = query.where(ToolCall.tenant == tenant)
+            row = session.scalar(query)
+            if row is None:
+                return None
+            meta = {
+                "id": artifact_id, "object": "tool_call_arguments", "tenant": row.tenant,
+                "node_id": row.node_id, "tool_call_id": row.call_id, "tool_name": row.name,
+                "run_id": row.run_id, "sha256": hashlib.sha256(row.arguments.encode("utf-8", "surrogatepass")).hexdigest(),
+                "bytes": len(row.arguments.encode("utf-8", "surrogatepass")),
+            }
+            return row.arguments, meta
+
+    def artifact_bytes(self, record: ArtifactRecord) -> bytes:
+        """The raw bytes, checked against the recorded sha256."""
+        if record.blob_key:
+            data = self.blobs.get(record.blob_key)
+        else:
+            with Session(self.engine) as session:
+                data = session.scalar(
+                    select(ToolArtifact.content).where(ToolArtifact.id == record.id)
+                ) or b""
+        if hashlib.sha256(data).hexdigest() != record.sha256:
+            raise ArtifactCorrupted(record.id)
+        return data
+
+    def forwarded_messages(self, request_id: str, tenant: str | None) -> list[dict[str, Any]] | None:
+        """The messages the projection forwarded for a request, if recorded."""
+        with Session(self.engine) as session:
+            query = select(ContextAssembly.forwarded_zlib).where(ContextAssembly.request_id == request_id)
+            if tenant is not None:
+                query = query.where(ContextAssembly.tenant == tenant)
+            blob = session.scalar(query)
+            return json.loads(zlib.decompress(blob)) if blob else None
+
+    def get_run(self, request_id: str, tenant: str | None) -> RunRecord | None:
+        with Session(self.engine) as session:
+            query = select(ModelRun).where(ModelRun.id == request_id)
+            if tenant is not None:
+                query = query.where(ModelRun.tenant == tenant)
+            row = session.scalar(query)
+            if row is None:
+                return None
+            captured = session.scalars(
+                select(ToolArtifact)
+                .where(ToolArtifact.captured_by_request == request_id)
+                .order_by(ToolArtifact.observed_at, ToolArtifact.id)
+            ).all()
+            assembly = session.get(ContextAssembly, request_id)
+            return RunRecord(
+                run=run_as_dict(row),
+                captured_artifacts=tuple(artifact_from_row(a) for a in captured),
+                path_artifact_ids=tuple(self._path_artifact_ids(session, row.leaf_node_id)),
+                assembly=assembly_from_row(assembly) if assembly else None,
+            )
+
+    def _path_artifact_ids(self, session: Session, leaf_id: str) -> list[str]:
+        rows = session.execute(
+            text(
+                "WITH RECURSIVE path(id, parent_id, artifact_id, depth) AS ("
+                " SELECT id, parent_id, artifact_id, depth FROM message_nodes WHERE id = :leaf"
+                " UNION ALL"
+                " SELECT n.id, n.parent_id, n.artifact_id, n.depth"
+                " FROM message_nodes n JOIN path p ON n.id = p.parent_id)"
+                " SELECT artifact_id FROM path WHERE artifact_id IS NOT NULL ORDER BY depth"
+            ),
+            {"leaf": leaf_id},
+        )
+        return [r[0] for r in rows]
+
+    def savings_rows(
+        self,
+        tenant: str | None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        model: str | None = None,
+        session_key: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The ledger's raw material: finished runs summed per tenant, model, session and day."""
+        session_col = func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id)
+        day = func.date(ModelRun.started_at)
+        query = (
+            select(
+                ModelRun.tenant, ModelRun.model, session_col, day,
+                func.count(), func.sum(ModelRun.tokens_original), func.sum(ModelRun.tokens_forwarded),
+                func.sum(ModelRun.prompt_tokens), func.sum(ModelRun.cached_tokens),
+                func.sum(ModelRun.cache_write_tokens), func.sum(ModelRun.completion_tokens),
+                func.sum(ModelRun.cost_usd), func.sum(ModelRun.cost_original_usd),
+                func.min(ModelRun.started_at), func.max(ModelRun.started_at),
+            )
+            .where(ModelRun.status == "ok")
+            .group_by(ModelRun.tenant, ModelRun.model, session_col, day)
+        )
+        if tenant is not None:
+            query = query.where(ModelRun.tenant == tenant)
+        if start is not None:
+            query = query.where(ModelRun.started_at >= start)
+        if end is not None:
+            query = query.where(ModelRun.started_at < end)
+        if model is not None:
+            query = query.where(ModelRun.model == model)
+        if session_key is not None:
+            query = query.where(session_col == session_key)
+        keys = ("tenant", "model", "session", "day", "requests", "tokens_sent", "tokens_forwarded",
+                "prompt_tokens", "cached_tokens", "cache_write_tokens", "completion_tokens",
+                "cost_usd", "cost_original_usd", "first_at", "last_at")
+        with Session(self.engine) as session:
+            rows = []
+            for values in session.execute(query):
+                row = dict(zip(keys, values))
+                row["day"] = str(row["day"])[:10]
+                row["first_at"] = as_utc(row["first_at"]).isoformat()
+                row["last_at"] = as_utc(row["last_at"]).isoformat()
+                rows.append(row)
+            return rows
+
+    def recent_runs(self, tenant: str | None, limit: int = 50, session_key: str | None = None) -> list[dict[str, Any]]:
+        """The latest runs, newest first, for the dashboard's tables."""
+        query = select(ModelRun).order_by(ModelRun.started_at.desc()).limit(limit)
+        if tenant is not None:
+            query = query.where(ModelRun.tenant == tenant)
+        if session_key is not None:
+            query = query.where(
+                func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id) == session_key
+            )
+        with Session(self.engine) as session:
+            return [run_as_dict(row) for row in session.scalars(query)]
+
+    def path_messages(self, leaf_id: str) -> list[dict[str, Any]]:
+        """The transcript a request carried, rebuilt from its nodes and artifacts."""
+        with Session(self.engine) as session:
+            ids = session.execute(
+                text(
+                    "WITH RECURSIVE path(id, parent_id, depth) AS ("
+                    " SELECT id, parent_id, depth FROM message_nodes WHERE id = :leaf"
+                    " UNION ALL SELECT n.id, n.parent_id, n.depth FROM message_nodes n"
+                    " JOIN path p ON n.id = p.parent_id) SELECT id FROM path ORDER BY depth"
+                ),
+                {"leaf": leaf_id},
+            ).scalars().all()
+            nodes = {n.id: n for n in session.scalars(select(MessageNode).where(MessageNode.id.in_(ids)))}
+            artifacts = {
+                a.id: a for a in session.scalars(
+                    select(ToolArtifact).where(ToolArtifact.id.in_([n.artifact_id for n in nodes.values() if n.artifact_id]))
+                )
+            }
+            messages = []
+            for node_id in ids:
+                node = nodes[node_id]
+                message = json.loads(node.message_json)
+                if node.artifact_id and node.artifact_id in artifacts:
+                    record = artifact_from_row(artifacts[node.artifact_id])
+                    raw = self.artifact_bytes(record)
+                    message["content"] = raw.decode("utf-8", "replace") if record.content_type.startswith("text/") \
+                        else json.loads(raw)
+                    message["artifact_id"] = node.artifact_id
+                messages.append(message)
+            return messages
+
+    def count_artifacts(self, tenant: str | None = None) -> int:
+        with Session(self.engine) as session:
+            query = select(func.count()).select_from(ToolArtifact)
+            if tenant is not None:
+                query = query.where(ToolArtifact.tenant == tenant)
+            return int(session.scalar(query) or 0)
+
+    def iter_tool_calls(self, tenant: str) -> Iterable[dict[str, Any]]:
+        with Session(self.engine) as session:
+            for row in session.scalars(select(ToolCall).where(ToolCall.tenant == tenant)):
+                yield {
+                    "id": row.id,
+                    "node_id": row.node_id,
+                    "call_id": row.call_id,
+                    "name": row.name,
+                    "arguments": row.arguments,
+                    "run_id": row.run_id,
+                }

@@ -1,0 +1,45 @@
+"""What every part of the record store shares: the engine, the blob store, the clock."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from sqlalchemy import Engine
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from storage.blobs import DirectoryBlobStore
+from storage.schema import Base
+
+DEFAULT_INLINE_MAX_BYTES = 64 * 1024
+
+
+class StoreBase:
+    def __init__(
+        self,
+        engine: Engine,
+        blobs: DirectoryBlobStore,
+        *,
+        inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        clock: Callable[[], float] = time.time,
+        instance_id: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.blobs = blobs
+        self.inline_max_bytes = inline_max_bytes
+        self.instance_id = instance_id  # set by register_instance when a gateway serves
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), timezone.utc)
+
+    def _insert_ignoring_conflicts(self, session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        session.execute(self._insert(model).on_conflict_do_nothing(), rows)
