@@ -22,7 +22,7 @@ run: $(VENV)/.installed
 	$(BIN)/gateway serve --config $(CONFIG)
 
 test: $(VENV)/.installed-dev
-	$(BIN)/ruff check --select F,E9 gateway policies storage tests bench
+	$(BIN)/ruff check --select F,E9 gateway policies storage tests bench scripts
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-dev

@@ -1,4 +1,4 @@
-"""Plain ASGI middleware: every request gets an id, every response names it."""
+"""Plain ASGI middleware: every request gets an id, every response names it (and forbids MIME sniffing)."""
 from __future__ import annotations
 
 import uuid
@@ -27,11 +27,11 @@ class RequestIdMiddleware:
             return
         request_id = new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
-        header = (REQUEST_ID_HEADER.encode(), request_id.encode())
+        headers = [(REQUEST_ID_HEADER.encode(), request_id.encode()), (b"x-content-type-options", b"nosniff")]
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), header]
+                message["headers"] = [*message.get("headers", []), *headers]
             await send(message)
 
         await self.app(scope, receive, send_with_id)

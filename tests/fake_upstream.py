@@ -43,10 +43,12 @@ class FakeState:
     script: list[Step] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    default_delay: float = 0.0  # seconds before an unscripted answer (standalone --delay)
+    keep_requests: int | None = None  # standalone: remember only the latest N requests
 
     def next_step(self) -> Step:
         with self.lock:
-            return self.script.pop(0) if self.script else Step()
+            return self.script.pop(0) if self.script else Step(delay=self.default_delay)
 
 
 def _message_tokens(message: dict[str, Any]) -> int:
@@ -127,6 +129,8 @@ def build_app(state: FakeState) -> FastAPI:
             earlier = [r["body"].get("messages", []) for r in state.requests]
             state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers)})
             number = len(state.requests)
+            if state.keep_requests is not None and len(state.requests) > state.keep_requests:
+                del state.requests[: len(state.requests) - state.keep_requests]
         step = state.next_step()
         if step.delay:
             await asyncio.sleep(step.delay)
@@ -241,5 +245,8 @@ class FakeUpstream:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=18080)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each unscripted answer")
+    parser.add_argument("--keep-requests", type=int, default=1000, help="requests remembered for GET /_requests")
     args = parser.parse_args()
-    uvicorn.run(build_app(FakeState()), host="127.0.0.1", port=args.port, log_level="warning")
+    state = FakeState(default_delay=args.delay, keep_requests=args.keep_requests)
+    uvicorn.run(build_app(state), host="127.0.0.1", port=args.port, log_level="warning")

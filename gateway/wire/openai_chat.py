@@ -41,7 +41,7 @@ class _ToolCall(_Open):
 
 class _Message(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: StrictStr | list[dict[str, Any]] | None = None
+    content: StrictStr | list[Any] | None = None  # parts are checked one by one, by type
     name: StrictStr | None = Field(None, max_length=NAME_MAX)
     tool_calls: list[_ToolCall] | None = None
     tool_call_id: StrictStr | None = Field(None, max_length=ID_MAX)

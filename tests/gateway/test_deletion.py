@@ -85,3 +85,60 @@ def test_tampered_blob_is_reported_not_served(gateway: RunningGateway, tmp_path:
         response = http.get(f"/api/artifacts/{record['captured_artifact_ids'][0]}")
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "artifact_corrupted"
+
+
+SYSTEM = {"role": "system", "content": "You are the build agent. Run the tools you need."}
+
+
+def ledger_sessions(gateway: RunningGateway) -> dict[str, int]:
+    with gateway.client() as http:
+        return {s["session"]: s["requests"] for s in http.get("/api/savings").json()["by_session"]}
+
+
+@pytest.mark.parametrize("by", ["label", "ledger id"])
+def test_deleting_one_of_two_conversations_sharing_a_system_prompt_leaves_the_other(
+        gateway: RunningGateway, by: str) -> None:
+    labels = ("ticket-1", "ticket-2") if by == "label" else (None, None)
+    one = send(gateway, [SYSTEM, *conversation("Build project A.")], label=labels[0])
+    two = send(gateway, [SYSTEM, *conversation("Build project B.")], label=labels[1])
+    two_again = send(gateway, [SYSTEM, *conversation("Build project B."), {"role": "assistant", "content": "built"},
+                               {"role": "user", "content": "thanks"}], label=labels[1])
+    assert one["session_id"] == two["session_id"]  # one tree: the same system prompt
+    sessions = ledger_sessions(gateway)
+    key = labels[0] or one["conversation_id"]
+    other = labels[1] or two["conversation_id"]
+    assert sessions == {key: 1, other: 2}
+    with gateway.client() as http:
+        deleted = http.delete(f"/api/sessions/{key}").json()["deleted"]
+        # its run, its user/assistant/tool nodes and its artifact; the shared system prompt stays
+        assert deleted["model_runs"] == 1 and deleted["message_nodes"] == 3 and deleted["tool_artifacts"] == 1
+        assert http.get(f"/api/requests/{one['id']}").status_code == 404
+        for record in (two, two_again):
+            assert http.get(f"/api/requests/{record['id']}").json()["status"] == "ok"
+        for artifact in two_again["path_artifact_ids"]:
+            assert http.get(f"/api/artifacts/{artifact}").content == BIG.encode()
+        assert http.get(f"/api/requests/{two_again['id']}/projection").status_code == 200
+    assert ledger_sessions(gateway) == {other: 2}
+    # The survivor goes on as before: its next request maps onto its stored nodes.
+    three = send(gateway, [SYSTEM, *conversation("Build project B."), {"role": "assistant", "content": "built"},
+                           {"role": "user", "content": "thanks"}, {"role": "assistant", "content": "welcome"},
+                           {"role": "user", "content": "bye"}], label=labels[1])
+    assert three["conversation_id"] == two["conversation_id"]
+    assert gateway.store.count_artifacts("acme") == 1
+
+
+def test_conversations_that_share_their_opening_share_their_artifacts_until_the_last_goes(
+        gateway: RunningGateway) -> None:
+    opening = [SYSTEM, *conversation("Build project A.")]
+    first = send(gateway, opening, label="run-1")
+    second = send(gateway, [*opening, {"role": "assistant", "content": "built"}, {"role": "user", "content": "again"}],
+                  label="run-2")
+    artifact = first["captured_artifact_ids"][0]
+    assert second["path_artifact_ids"] == [artifact]  # stored once
+    with gateway.client() as http:
+        deleted = http.delete("/api/sessions/run-1").json()["deleted"]
+        assert deleted["model_runs"] == 1 and deleted["tool_artifacts"] == 0 and deleted["message_nodes"] == 0
+        assert http.get(f"/api/artifacts/{artifact}").content == BIG.encode()  # run-2 still uses it
+        deleted = http.delete("/api/sessions/run-2").json()["deleted"]
+        assert deleted["tool_artifacts"] == 1 and deleted["message_nodes"] == 6 and deleted["blobs"] == 1
+        assert http.get(f"/api/artifacts/{artifact}").status_code == 404

@@ -6,15 +6,12 @@ the real `openai` SDK and must see nothing of the extra round.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import openai
 import pytest
-import yaml
 
-from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway, settings_for, start_gateway
-from tests.fake_upstream import FakeUpstream
+from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway
 
 FILLER = "\n".join(f"row {i}: status nominal, nothing to report for this line" for i in range(120))
 INVOICE = f"invoice INV-7\n{FILLER}\nTOTAL DUE: 48,213.77 EUR (exact)\n{FILLER}\nend of invoice"
@@ -35,13 +32,8 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "ob
 
 
 @pytest.fixture
-def gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
-    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(POLICY))
-    tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "policy.yaml"},
-               {"id": "globex", "api_keys": [OTHER_TENANT_KEY], "policy": "policy.yaml"}]
-    running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, tenants=tenants), fake)
-    yield running
-    server.stop()
+def gateway(rehydration_gateway: RunningGateway) -> RunningGateway:
+    return rehydration_gateway
 
 
 def call(call_id: str, name: str, author: str | None = None, **arguments: Any) -> dict:

@@ -23,3 +23,53 @@ def test_migrations_match_the_models(storage_url: str, tmp_path: Path) -> None:
         store.create_schema()  # a second start is a no-op
     finally:
         store.engine.dispose()
+
+
+def test_0004_carries_existing_conversations_over(storage_url: str, tmp_path: Path) -> None:
+    """Data written before conversations were stored (revision 0003) is migrated so that deleting one
+    conversation leaves its neighbours whole."""
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+    from sqlalchemy import text
+
+    from policies.transcript import message_path
+    from storage.record_types import RunStart
+
+    store = make_store(storage_url, tmp_path / "blobs", inline_max_bytes=100)
+    system = {"role": "system", "content": "shared system prompt"}
+
+    def conversation(opening: str) -> list[dict]:
+        return [system, {"role": "user", "content": opening},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "build", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": f"{opening} output\n" * 20}]
+
+    for request_id, opening, label in (("req_a", "A", "ticket-1"), ("req_b", "B", None)):
+        path = message_path("acme", conversation(opening))
+        store.ingest(path, RunStart(request_id=request_id, tenant="acme", participant="p", model="fake",
+                                    upstream_model="openai/fake", stream=False, session_label=label))
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(Path(__file__).resolve().parents[2] / "storage" / "migrations"))
+    with store.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0003")
+        # As 0003 left them: the first node after the system prompt, even for a labelled run.
+        first_a = message_path("acme", conversation("A"))[1].id
+        connection.execute(text("UPDATE model_runs SET conversation_id = :c WHERE id = 'req_a'"), {"c": first_a})
+        connection.execute(text("UPDATE model_runs SET conversation_id = NULL WHERE id = 'req_b'"))
+    store.create_schema()  # back to head: 0004 backfills
+    try:
+        with store.engine.connect() as connection:
+            members = connection.execute(text("SELECT conversation_id, count(*) FROM conversation_nodes "
+                                              "GROUP BY conversation_id")).all()
+            conversations = dict(connection.execute(text("SELECT id, conversation_id FROM model_runs")).all())
+            blobs = connection.execute(text("SELECT count(*) FROM blobs")).scalar()
+        assert sorted(count for _, count in members) == [4, 4]
+        assert conversations["req_a"].startswith("conv_")
+        assert conversations["req_b"] == message_path("acme", conversation("B"))[1].id
+        assert blobs == 2
+        deleted = store.delete_conversation("acme", "ticket-1")
+        assert deleted["model_runs"] == 1 and deleted["message_nodes"] == 3 and deleted["blobs"] == 1
+        assert store.get_run("req_b", "acme") is not None and store.count_artifacts("acme") == 1
+    finally:
+        store.engine.dispose()

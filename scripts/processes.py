@@ -1,0 +1,145 @@
+"""Real processes for the hunting scripts: the fake upstream, the gateway, a fresh PostgreSQL schema.
+
+The gateway runs as `gateway serve` in its own process group, exactly as a user
+starts it, so it can be killed with SIGKILL and started again on the same
+database.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import sqlalchemy
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+POSTGRES_URL = os.environ.get("GATEWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+TENANT_KEY = "sk-acme-1"
+OTHER_KEY = "sk-globex-1"
+ADMIN_KEY = "sk-admin"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_up(url: str, seconds: float = 60.0, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up in {seconds} s")
+
+
+@contextmanager
+def postgres_schema(base_url: str = POSTGRES_URL) -> Iterator[str]:
+    """A fresh schema on the PostgreSQL server, dropped afterwards; yields its URL."""
+    schema = f"hunt_{uuid.uuid4().hex[:12]}"
+    admin = sqlalchemy.create_engine(base_url)
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f'CREATE SCHEMA "{schema}"'))
+    separator = "&" if "?" in base_url else "?"
+    try:
+        yield f"{base_url}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sqlalchemy.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@contextmanager
+def fake_upstream(delay: float = 0.0) -> Iterator[str]:
+    """tests/fake_upstream.py on a free port; yields its base URL (without /v1)."""
+    port = free_port()
+    process = subprocess.Popen([PYTHON, str(REPO / "tests" / "fake_upstream.py"), "--port", str(port),
+                                "--delay", str(delay)], cwd=REPO, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(f"{url}/v1/models", process=process)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+
+
+def write_config(folder: Path, storage_url: str, upstream: str, **server: Any) -> Path:
+    config = {
+        "models": [{"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": f"{upstream}/v1",
+                                                        "api_key": "sk-upstream"}}],
+        "tenants": [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "coding-agent"},
+                    {"id": "globex", "api_keys": [OTHER_KEY], "policy": "default"}],
+        "admin_keys": [ADMIN_KEY],
+        "storage": {"url": storage_url, "blob_dir": str(folder / "blobs"), "inline_max_bytes": 2048},
+        "server": {"heartbeat_seconds": 0.5, "upstream_timeout_seconds": 30, **server},
+        "log_level": "warning",
+    }
+    path = folder / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@dataclass
+class Gateway:
+    """`gateway serve` as a child process that can be killed and started again."""
+
+    config: Path
+    port: int
+    log: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Gateway":
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", "gateway.cli", "serve", "--config", str(self.config), "--port", str(self.port)],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        wait_until_up(f"{self.url}/readyz", process=self.process)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as when a machine is lost."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def load_trace(name: str) -> dict[str, Any]:
+    path = REPO / "tests" / "data" / "traces" / name
+    return json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+
+
+def trace_turns(messages: list[dict[str, Any]]) -> list[int]:
+    """The request lengths an agent sends replaying `messages`: one before each assistant message."""
+    return [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]

@@ -1,0 +1,24 @@
+"""Fixtures shared by the gateway tests beyond the root conftest."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway, settings_for, start_gateway
+from tests.fake_upstream import FakeUpstream
+
+
+@pytest.fixture
+def rehydration_gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """The gateway under the rehydration tests' policy (tests/gateway/test_rehydration.py), two tenants."""
+    from tests.gateway.test_rehydration import POLICY
+
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(POLICY))
+    tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "policy.yaml"},
+               {"id": "globex", "api_keys": [OTHER_TENANT_KEY], "policy": "policy.yaml"}]
+    running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, tenants=tenants), fake)
+    yield running
+    server.stop()

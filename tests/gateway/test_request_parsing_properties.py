@@ -1,0 +1,77 @@
+"""Request parsing never fails with anything but a 400 naming the problem (hypothesis)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from gateway.errors import InvalidRequest
+from gateway.wire.openai_chat import OPENAI_CHAT
+from policies.transcript import message_path
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=30,
+)
+roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function", "robot", 5, None])
+parts = st.one_of(json_values, st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "input_audio",
+                                                                                "file", "refusal", "other"])},
+                                                       optional={"text": json_values, "image_url": json_values,
+                                                                 "input_audio": json_values, "file": json_values}))
+messages = st.fixed_dictionaries(
+    {"role": roles},
+    optional={"content": st.one_of(st.text(), st.lists(parts, max_size=3), json_values),
+              "name": json_values, "tool_call_id": st.one_of(st.text(max_size=5), json_values),
+              "tool_calls": st.lists(st.fixed_dictionaries(
+                  {"id": st.one_of(st.text(max_size=5), json_values),
+                   "function": st.fixed_dictionaries({"name": st.one_of(st.text(max_size=5), json_values),
+                                                      "arguments": st.one_of(st.text(), json_values)})}), max_size=2)})
+bodies = st.fixed_dictionaries(
+    {"model": st.one_of(st.just("fake"), json_values), "messages": st.lists(messages, max_size=4)},
+    optional={"stream": json_values, "tools": json_values, "stream_options": json_values, "temperature": json_values,
+              "n": json_values, "stop": json_values, "extra_field": json_values})
+
+
+def parse(raw: bytes) -> Any:
+    try:
+        request = OPENAI_CHAT.parse(raw)
+    except InvalidRequest as error:
+        assert error.status_code == 400 and error.message
+        return None
+    # What parses can be hashed into the message tree and stored as UTF-8.
+    for node in message_path("t", request.messages):
+        json.dumps(node.message, ensure_ascii=False).encode("utf-8")
+    return request
+
+
+@settings(max_examples=400, deadline=None)
+@given(bodies)
+def test_any_shaped_body_parses_or_is_a_400(body: dict) -> None:
+    request = parse(json.dumps(body).encode())
+    if request is not None:
+        assert request.messages == body["messages"] and request.model == body["model"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_any_bytes_parse_or_are_a_400(raw: bytes) -> None:
+    parse(raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3),
+       st.sampled_from(["content", "name", "tool_call_id"]))
+def test_lone_surrogates_are_a_400_naming_where(surrogates: str, field: str) -> None:
+    # A high surrogate followed by a low one is a valid pair (one character beyond the BMP).
+    assume(any(0xD800 <= ord(c) <= 0xDFFF for c in json.loads(json.dumps(surrogates))))
+    message = {"role": "tool" if field == "tool_call_id" else "user", "content": "x", field: surrogates}
+    raw = json.dumps({"model": "fake", "messages": [message]}).encode()  # escaped as \\udXXX
+    try:
+        OPENAI_CHAT.parse(raw)
+    except InvalidRequest as error:
+        assert error.param is not None and error.param.startswith("messages[0]")
+    else:
+        raise AssertionError("a lone surrogate was accepted")

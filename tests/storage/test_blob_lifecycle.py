@@ -1,0 +1,127 @@
+"""Blob files are shared by content across tenants: no delete may take one a capture relies on.
+
+The race of issue 8: tenant A deletes a conversation whose large artifact has
+content X while tenant B captures the same X. Before the blob registry, B's
+`put` skipped writing because the file existed, A removed the file after its
+commit, and B's artifact answered `artifact_corrupted`.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from policies.transcript import artifact_id_for, message_path
+from storage.blobs import DirectoryBlobStore
+from storage.database import make_engine
+from storage.record_types import RunStart
+from storage.records import RecordStore
+
+FILLER = "".join(f"line {i}: the build printed something long enough to leave the row\n" for i in range(40))
+
+
+def conversation(content: str) -> list[dict]:
+    return [{"role": "user", "content": "Build it."},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "build", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": content}]
+
+
+def run(tenant: str, label: str | None = None) -> RunStart:
+    return RunStart(request_id=f"req_{uuid.uuid4().hex}", tenant=tenant, participant="p", model="fake",
+                    upstream_model="openai/fake", stream=False, session_label=label)
+
+
+class PausingBlobs(DirectoryBlobStore):
+    """Stops inside `put`, after the file is in place and before the capture commits."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.pause = False
+        self.inside = threading.Event()
+        self.go_on = threading.Event()
+
+    def put(self, data: bytes) -> str:
+        key = super().put(data)
+        if self.pause:
+            self.inside.set()
+            assert self.go_on.wait(30)
+        return key
+
+
+@pytest.fixture
+def store(storage_url: str, tmp_path: Path) -> Iterator[RecordStore]:
+    store = RecordStore(make_engine(storage_url), PausingBlobs(tmp_path / "blobs"), inline_max_bytes=1024)
+    store.create_schema()
+    yield store
+    store.engine.dispose()
+
+
+def test_a_delete_waits_for_a_capture_that_relies_on_the_same_file(store: RecordStore) -> None:
+    content = "the same output, captured by two tenants\n" + FILLER
+    store.ingest(message_path("acme", conversation(content)), run("acme", "a-1"))
+    blobs: PausingBlobs = store.blobs  # type: ignore[assignment]
+    blobs.pause = True
+    theirs = message_path("globex", conversation(content))
+    capture = threading.Thread(target=store.ingest, args=(theirs, run("globex")))
+    capture.start()
+    assert blobs.inside.wait(30)  # globex's capture has found the file and holds its registry row
+    blobs.pause = False
+    deleted: dict = {}
+    deletion = threading.Thread(target=lambda: deleted.update(store.delete_conversation("acme", "a-1")))
+    deletion.start()
+    deletion.join(0.5)
+    blobs.go_on.set()  # globex commits; only then may the deletion decide about the file
+    capture.join(30)
+    deletion.join(30)
+    assert deleted["tool_artifacts"] == 1 and deleted["blobs"] == 0
+    record = store.get_artifact(artifact_id_for(theirs[-1].id), "globex")
+    assert record is not None and store.artifact_bytes(record) == content.encode()
+
+
+def test_deletes_racing_captures_of_the_same_content_lose_no_artifact(store: RecordStore) -> None:
+    lost = []
+    for i in range(200):
+        content = f"iteration {i}\n" + FILLER
+        store.ingest(message_path("acme", conversation(content)), run("acme", f"a-{i}"))
+        theirs = message_path("globex", conversation(content))
+        barrier = threading.Barrier(2)
+
+        def delete() -> None:
+            barrier.wait()
+            store.delete_conversation("acme", f"a-{i}")
+
+        def capture() -> None:
+            barrier.wait()
+            if random.random() < 0.5:
+                threading.Event().wait(random.random() / 500)
+            store.ingest(theirs, run("globex", f"g-{i}"))
+
+        threads = [threading.Thread(target=delete), threading.Thread(target=capture)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        record = store.get_artifact(artifact_id_for(theirs[-1].id), "globex")
+        try:
+            if record is None or store.artifact_bytes(record) != content.encode():
+                lost.append(i)
+        except Exception:
+            lost.append(i)
+        store.delete_conversation("globex", f"g-{i}")  # and the file goes with the last artifact naming it
+        assert not any(p.is_file() and not p.name.startswith(".") for p in store.blobs.root.rglob("*")), i
+    assert lost == []
+
+
+def test_put_rewrites_a_file_that_lost_its_bytes(tmp_path: Path) -> None:
+    blobs = DirectoryBlobStore(tmp_path)
+    data = b"x" * 5000
+    key = blobs.put(data)
+    path = next(p for p in tmp_path.rglob("*") if p.is_file())
+    path.write_bytes(b"y" * 5000)  # same size, other bytes
+    assert blobs.put(data) == key
+    assert blobs.get(key) == data
