@@ -238,5 +238,6 @@ def _map_error(exc: Exception) -> UpstreamError:
     if status == 500 and getattr(exc, "litellm_response_headers", None) is None:
         # LiteLLM reports a 200 it could not read (truncated JSON, HTML, no choices) as its own 500;
         # a real upstream 500 carries the upstream's headers.
-        return UpstreamInvalidResponse(f"upstream: the answer is not a chat completion: {message.removeprefix('upstream: ')}")
+        detail = message.removeprefix("upstream: ")
+        return UpstreamInvalidResponse(f"upstream: the answer is not a chat completion: {detail}")
     return upstream_error_for_status(status, message, headers)

@@ -16,7 +16,6 @@ Exits 1 if any check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from policies.transcript import artifact_id_for, message_path  # noqa: E402
 from scripts.processes import (  # noqa: E402
-    TENANT_KEY, Gateway, fake_upstream, free_port, load_trace, postgres_schema, trace_turns, write_config,
+    TENANT_KEY, Gateway, print_report, fake_upstream, free_port, load_trace, postgres_schema, trace_turns, write_config,
 )
 
 LABEL = "crash-recovery"
@@ -133,7 +132,8 @@ def main() -> int:
             expected = projection(clean, clean_last)
         finally:
             clean.stop()
-        gateway = Gateway(write_config(folder / "crash", crash_url, upstream), free_port(), folder / "crash.log").start()
+        config = write_config(folder / "crash", crash_url, upstream)
+        gateway = Gateway(config, free_port(), folder / "crash.log").start()
         try:
             last, landed = replay(gateway, trace, kill_at, rng, args.delay)
             deadline = time.monotonic() + 20  # dead instances are settled after three missed beats
@@ -152,13 +152,7 @@ def main() -> int:
         "seconds": round(time.monotonic() - started, 1),
     }
     ok = report["pending"] == 0 and not bad and same and checked > 0
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for key, value in report.items():
-            print(f"{key:>40}: {value}")
-        print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    return print_report(report, ok, args.json)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from policies.transcript import artifact_id_for, message_path  # noqa: E402
 from scripts.processes import (  # noqa: E402
-    ADMIN_KEY, OTHER_KEY, TENANT_KEY, Gateway, fake_upstream, free_port, load_trace, postgres_schema, trace_turns,
+    ADMIN_KEY, OTHER_KEY, TENANT_KEY, Gateway, fake_upstream, free_port, load_trace, postgres_schema, print_report,
+    trace_turns,
     write_config,
 )
 
@@ -364,7 +365,8 @@ def check_after(gateway: Gateway, storage_url: str, seeds: Seeds) -> tuple[dict[
     deadline = time.monotonic() + 10
     while True:
         with engine.connect() as conn:
-            statuses = dict(conn.execute(sqlalchemy.text("SELECT status, count(*) FROM model_runs GROUP BY status")).all())
+            query = sqlalchemy.text("SELECT status, count(*) FROM model_runs GROUP BY status")
+            statuses = dict(conn.execute(query).all())
         if not statuses.get("pending") or time.monotonic() > deadline:
             break
         time.sleep(0.25)
@@ -407,7 +409,8 @@ def main() -> int:
         finally:
             gateway.stop()
     report: dict[str, Any] = {
-        "requests": args.requests, "seconds_sending": round(elapsed, 1), "seconds_total": round(time.monotonic() - started, 1),
+        "requests": args.requests, "seconds_sending": round(elapsed, 1),
+        "seconds_total": round(time.monotonic() - started, 1),
         "responses_by_status": dict(sorted(findings.statuses.items())),
         "server_errors_5xx": len(findings.server_errors), "error_bodies_outside_the_shape": len(findings.bad_shapes),
         "dead_keepalive_connections": len(findings.dead_keepalive), "foreign_records_served": len(findings.leaks),
@@ -419,13 +422,7 @@ def main() -> int:
     ok = (not findings.server_errors and not findings.bad_shapes and not findings.dead_keepalive
           and not findings.leaks and not statuses.get("pending") and not bad and alive
           and sum(findings.statuses.values()) >= args.requests * 0.99)
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for key, value in report.items():
-            print(f"{key:>34}: {value}")
-        print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    return print_report(report, ok, args.json)
 
 
 if __name__ == "__main__":

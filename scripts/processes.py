@@ -135,6 +135,18 @@ class Gateway:
                 self.kill()
 
 
+def print_report(report: dict[str, Any], ok: bool, as_json: bool) -> int:
+    """Print a campaign's figures (one JSON line, or a column), then PASS or FAIL; the exit code."""
+    if as_json:
+        print(json.dumps({**report, "pass": ok}))
+    else:
+        width = max(len(key) for key in report)
+        for key, value in report.items():
+            print(f"{key:>{width}}: {value}")
+        print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
 def load_trace(name: str) -> dict[str, Any]:
     path = REPO / "tests" / "data" / "traces" / name
     return json.loads(path.read_text(encoding="utf-8").splitlines()[0])

@@ -56,7 +56,8 @@ class Instances(StoreBase):
                 update(ModelRun)
                 .where(ModelRun.status == "pending", or_(
                     ModelRun.instance_id.not_in(alive),
-                    ModelRun.instance_id.is_(None) & (ModelRun.started_at < now - timedelta(seconds=unknown_after_seconds)),
+                    ModelRun.instance_id.is_(None)
+                    & (ModelRun.started_at < now - timedelta(seconds=unknown_after_seconds)),
                 ))
                 .values(**INTERRUPTED, finished_at=now)
             ).rowcount

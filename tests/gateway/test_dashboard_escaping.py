@@ -41,7 +41,8 @@ def test_script_in_every_overview_parameter_is_escaped(gateway: RunningGateway, 
 def test_script_in_labels_participants_and_content_is_escaped(gateway: RunningGateway) -> None:
     messages = [{"role": "system", "content": SCRIPT}, {"role": "user", "content": ATTRIBUTE},
                 {"role": "assistant", "content": None, "name": SCRIPT, "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "t", "arguments": '{"q": "' + SCRIPT + '"}'}}]},
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "t", "arguments": '{"q": "' + SCRIPT + '"}'}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": SCRIPT * 40}]
     with gateway.client() as http:
         response = http.post("/v1/chat/completions", json={"model": "fake", "messages": messages},

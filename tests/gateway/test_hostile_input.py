@@ -40,7 +40,8 @@ CASES = [
         {"role": "user", "content": "x"},
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
                                               "function": {"name": "f", "arguments": "{}"}}]}).replace(
-        b'"arguments": "{}"', b'"arguments": "{\\"a\\": \\"\\udfff\\"}"'), "messages[1].tool_calls[0].function.arguments"),
+        b'"arguments": "{}"', b'"arguments": "{\\"a\\": \\"\\udfff\\"}"'),
+     "messages[1].tool_calls[0].function.arguments"),
     ("NaN", b'{"model": "fake", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
     ("Infinity", b'{"model": "fake", "messages": [{"role": "user", "content": "x"}], "temperature": Infinity}', None),
     ("-Infinity", b'{"model": "fake", "messages": [{"role": "user", "content": "x"}], "top_p": -Infinity}', None),
