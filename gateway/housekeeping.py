@@ -11,12 +11,14 @@ from storage.records import RecordStore
 
 log = logging.getLogger("gateway.housekeeping")
 MISSED_BEATS = 3
+BLOB_SWEEP_EVERY = 30  # beats: unreferenced blobs are rare (a crash mid-deletion), the sweep scans the registry
 
 
 class Housekeeping:
     def __init__(self, store: RecordStore, server: ServerSettings) -> None:
         self.store = store
         self.server = server
+        self.beats = 0
 
     def _once(self) -> None:
         self.store.heartbeat()
@@ -26,7 +28,9 @@ class Housekeeping:
         )
         if settled:
             log.warning("marked %d run(s) interrupted: their gateway stopped before they ended", settled)
-        self.store.collect_unreferenced_blobs()
+        if self.beats % BLOB_SWEEP_EVERY == 0:
+            self.store.collect_unreferenced_blobs()
+        self.beats += 1
 
     async def run_once(self) -> None:
         await run_in_threadpool(self._once)

@@ -90,10 +90,10 @@ class RunRecorder:
         """The outcome an exception (or none at all) implies, if no other was recorded."""
         if self.finished or not self.opened:
             return
+        hung_up = exc is None or isinstance(exc, (ClientDisconnect, OSError))  # a stream's send failed
         if isinstance(exc, GatewayError):
             await self.fail(exc)
-        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit, ClientDisconnect, OSError)) or (
-                exc is None and streaming):
+        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)) or (streaming and hung_up):
             status = "client_disconnected" if streaming else "interrupted"
             message = "the client closed the stream" if streaming else "the request was cancelled"
             await self.fail(GatewayError(message, code=status), status=status)

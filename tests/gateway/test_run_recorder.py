@@ -1,6 +1,7 @@
 """Every run ends in a recorded status, and a fault of ours costs the client no connection."""
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import sqlite3
@@ -14,6 +15,8 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from gateway.app import create_app
+from gateway.errors import UpstreamTimeout
+from gateway.run_recorder import RunRecorder
 from gateway.upstream import Prices, UpstreamRequest
 from policies.transcript import message_path
 from storage.record_types import RunOutcome, RunStart
@@ -169,3 +172,34 @@ def test_a_run_without_an_instance_is_settled_past_the_upstream_timeout(sqlite_u
     store.heartbeat()
     assert store.settle_interrupted_runs(dead_after_seconds=30, unknown_after_seconds=600) == 1
     store.engine.dispose()
+
+
+class _Outcomes:
+    """A store that keeps the outcomes it is given."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[RunOutcome] = []
+
+    def finish_run(self, request_id: str, outcome: RunOutcome, assembly: Any = None) -> None:
+        self.outcomes.append(outcome)
+
+
+@pytest.mark.parametrize("exc, streaming, status, error_type", [
+    (None, True, "client_disconnected", "client_disconnected"),
+    (ConnectionResetError("send failed"), True, "client_disconnected", "client_disconnected"),
+    (FileNotFoundError("blob gone"), False, "internal_error", "internal_error"),  # an OSError of ours, not a hang-up
+    (asyncio.CancelledError(), False, "interrupted", "interrupted"),
+    (ValueError("bug"), True, "internal_error", "internal_error"),
+    (UpstreamTimeout("slow"), False, "error", "upstream_timeout"),
+])
+async def test_every_exit_maps_to_one_recorded_status(exc: BaseException | None, streaming: bool, status: str,
+                                                      error_type: str) -> None:
+    from gateway.metrics import GatewayMetrics
+
+    store = _Outcomes()
+    recorder = RunRecorder(store, GatewayMetrics(), _start(Clock()), {"type": "http"})  # type: ignore[arg-type]
+    recorder.opened = True
+    await recorder.end_for(exc, streaming=streaming)
+    await recorder.end_for(ValueError("a second exit"))  # recorded once only
+    [outcome] = store.outcomes
+    assert (outcome.status, outcome.error_type) == (status, error_type)
