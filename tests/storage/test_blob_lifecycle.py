@@ -125,3 +125,49 @@ def test_put_rewrites_a_file_that_lost_its_bytes(tmp_path: Path) -> None:
     path.write_bytes(b"y" * 5000)  # same size, other bytes
     assert blobs.put(data) == key
     assert blobs.get(key) == data
+
+
+def _pause_once(store: RecordStore, method: str, when: "callable | None" = None) -> tuple[threading.Event, threading.Event]:
+    """Make `store.<method>` stop after it ran, the first time `when(args)` holds, until released."""
+    reached, release = threading.Event(), threading.Event()
+    original = getattr(store, method)
+
+    def paused(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if not reached.is_set() and (when is None or when(args)):
+            reached.set()
+            assert release.wait(30)
+        return result
+
+    setattr(store, method, paused)
+    return reached, release
+
+
+@pytest.mark.parametrize("pause_in", ["_known_nodes", "_insert_ignoring_conflicts"])
+def test_a_conversation_deleted_while_another_adopts_its_nodes_loses_neither(store: RecordStore,
+                                                                             pause_in: str) -> None:
+    """Conversation d starts with the same messages as c while c is deleted: whichever commits
+    first, d ends whole (its capture starts over, or the deletion keeps what d now uses)."""
+    content = "shared opening output\n" + FILLER
+    store.ingest(message_path("acme", conversation(content)), run("acme", "c"))
+    longer = conversation(content) + [{"role": "assistant", "content": "built"}, {"role": "user", "content": "more"}]
+    theirs = message_path("acme", longer)
+    from storage.schema import ConversationNode
+
+    when = (lambda args: args[1] is ConversationNode) if pause_in == "_insert_ignoring_conflicts" else None
+    reached, release = _pause_once(store, pause_in, when)
+    capture = threading.Thread(target=store.ingest, args=(theirs, run("acme", "d")))
+    capture.start()
+    assert reached.wait(30)  # d has read what exists (or added itself to the nodes), uncommitted
+    deleted: dict = {}
+    deletion = threading.Thread(target=lambda: deleted.update(store.delete_conversation("acme", "c")))
+    deletion.start()
+    deletion.join(1.0)
+    release.set()
+    capture.join(30)
+    deletion.join(30)
+    assert not capture.is_alive() and not deletion.is_alive()
+    assert deleted["model_runs"] == 1
+    record = store.get_artifact(artifact_id_for(theirs[2].id), "acme")
+    assert record is not None and store.artifact_bytes(record) == content.encode()
+    assert store.delete_conversation("acme", "d")["message_nodes"] == 5  # all of d's path was d's alone
