@@ -153,7 +153,30 @@ class Settings(_Strict):
         return self
 
     def model(self, name: str) -> ModelSettings | None:
-        return next((m for m in self.models if m.name == name), None)
+        """The model entry for a requested name: an exact name, else the first wildcard entry it matches.
+
+        As LiteLLM Proxy routes them: `name: "claude-*"` with `litellm_params.model:
+        "anthropic/claude-*"` sends `claude-sonnet-4-5` to `anthropic/claude-sonnet-4-5`; each `*`
+        of the LiteLLM model takes the text the name's `*`s matched, in order.
+        """
+        exact = next((m for m in self.models if m.name == name), None)
+        if exact is not None:
+            return exact
+        for entry in self.models:
+            if "*" not in entry.name:
+                continue
+            match = re.fullmatch("(.*)".join(re.escape(part) for part in entry.name.split("*")), name, re.DOTALL)
+            if match is None:
+                continue
+            target = str(entry.litellm_params["model"])
+            if "*" in target:
+                segments = match.groups()
+                if len(segments) > target.count("*"):
+                    target = name
+                for segment in segments:
+                    target = target.replace("*", segment, 1)
+            return entry.model_copy(update={"litellm_params": {**entry.litellm_params, "model": target}})
+        return None
 
     def resolve_path(self, value: str) -> Path:
         """A path from the config, relative to the config file's folder."""

@@ -1,4 +1,4 @@
-"""Calling the upstream for one request, including the rounds the client never sees.
+"""Calling the upstream for one Chat Completions request, including the rounds the client never sees.
 
 When the model calls the rehydration tool, the gateway answers the call,
 appends the call and its answer, and asks the model again (up to the
@@ -6,19 +6,48 @@ policy's bound). The client receives only the final answer, as JSON or as
 one SSE stream: content streams through as it arrives; tool-call deltas are
 held until the round ends, because a round that calls the rehydration tool is
 dropped whole, client calls included. Usage of all rounds is summed.
+
+`gateway/messages_forwarding.py` does the same for Anthropic Messages; both
+give the pipeline a `Completion` for the record, and a relay for streams.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from starlette.concurrency import run_in_threadpool
 
 from gateway.rehydration import Rehydrator
 from gateway.streaming import StreamAccumulator
 from gateway.upstream import UpstreamClient, UpstreamRequest
+from gateway.wire import NeutralRequest
+from gateway.wire.openai_chat import SSE_DONE, sse_event
 
-_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens", "cache_creation_input_tokens")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished answer: the body the client gets, and what the run records of it."""
+
+    body: dict[str, Any]  # in the client's format
+    usage: dict[str, Any] | None  # Chat-shaped: prompt/completion/total tokens, cached and cache-write tokens
+    finish_reason: str | None
+
+
+class Relay(Protocol):
+    """A streamed answer on its way to the client, in the client's format."""
+
+    async def start(self) -> None:
+        """Open the first upstream round; an error here is still an ordinary HTTP error."""
+
+    def events(self) -> AsyncIterator[bytes]:
+        """Every frame but the terminal one; raises GatewayError if the stream fails."""
+
+    @property
+    def completion(self) -> Completion: ...
+
+    def terminal(self) -> bytes: ...
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -28,7 +57,8 @@ def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dic
         return {**usage}
     out = {**total}
     for key in _USAGE_FIELDS:
-        out[key] = (out.get(key) or 0) + (usage.get(key) or 0)
+        if key in total or key in usage:
+            out[key] = (out.get(key) or 0) + (usage.get(key) or 0)
     cached = ((total.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) + (
         (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     out["prompt_tokens_details"] = {**(total.get("prompt_tokens_details") or {}), "cached_tokens": cached}
@@ -41,15 +71,13 @@ class Conversation:
 
     request: UpstreamRequest
     rehydrator: Rehydrator | None
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None  # Chat-shaped, summed over rounds
     rounds: int = 0
 
-    def with_round(self, assistant: dict[str, Any], calls: list[dict[str, Any]], answers: list[str]) -> None:
-        """Append the model's rehydration calls (only those) and their answers."""
-        message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
-        replies = [{"role": "tool", "tool_call_id": c["id"], "content": a} for c, a in zip(calls, answers)]
+    def extend(self, *messages: dict[str, Any]) -> None:
+        """Append messages (a hidden round) to the upstream request's transcript."""
         body = dict(self.request.body)
-        body["messages"] = [*body["messages"], message, *replies]
+        body["messages"] = [*body["messages"], *messages]
         self.request = replace(self.request, body=body)
 
     def more_rounds_allowed(self) -> bool:
@@ -58,7 +86,17 @@ class Conversation:
     async def answer(self, calls: list[dict[str, Any]]) -> list[str]:
         assert self.rehydrator is not None
         self.rehydrator.rounds = self.rounds + 1
-        return [await run_in_threadpool(self.rehydrator.answer, call) for call in calls]
+        answers = [await run_in_threadpool(self.rehydrator.answer, call) for call in calls]
+        self.rounds += 1
+        return answers
+
+
+def _with_round(conversation: Conversation, assistant: dict[str, Any], calls: list[dict[str, Any]],
+                answers: list[str]) -> None:
+    """Append the model's rehydration calls (only those) and their answers."""
+    message = {"role": "assistant", "content": assistant.get("content"), "tool_calls": calls}
+    replies = [{"role": "tool", "tool_call_id": c["id"], "content": a} for c, a in zip(calls, answers)]
+    conversation.extend(message, *replies)
 
 
 def _strip_gateway_calls(response: dict[str, Any], rehydrator: Rehydrator) -> dict[str, Any]:
@@ -78,24 +116,73 @@ def _strip_gateway_calls(response: dict[str, Any], rehydrator: Rehydrator) -> di
     return {**response, "choices": choices}
 
 
-async def complete(upstream: UpstreamClient, conversation: Conversation) -> dict[str, Any]:
+def _completion(response: dict[str, Any]) -> Completion:
+    choices = response.get("choices") or [{}]
+    return Completion(body=response, usage=response.get("usage"), finish_reason=choices[0].get("finish_reason"))
+
+
+async def complete(upstream: UpstreamClient, conversation: Conversation) -> Completion:
     """The final chat.completion, after any hidden rehydration rounds."""
     while True:
         response = await upstream.complete(conversation.request)
         conversation.usage = add_usage(conversation.usage, response.get("usage"))
         rehydrator = conversation.rehydrator
         if rehydrator is None:
-            return response
+            return _completion(response)
         message = ((response.get("choices") or [{}])[0]).get("message") or {}
         calls = [c for c in message.get("tool_calls") or [] if rehydrator.is_call(c)]
         if not calls or not conversation.more_rounds_allowed():
             final = _strip_gateway_calls(response, rehydrator)
-            return {**final, "usage": conversation.usage} if conversation.usage else final
-        conversation.with_round(message, calls, await conversation.answer(calls))
-        conversation.rounds += 1
+            return _completion({**final, "usage": conversation.usage} if conversation.usage else final)
+        _with_round(conversation, message, calls, await conversation.answer(calls))
 
 
-async def stream(
+class ChatRelay:
+    """A chat.completion.chunk stream for the client, hidden rounds removed, usage summed."""
+
+    def __init__(self, upstream: UpstreamClient, conversation: Conversation, request: NeutralRequest) -> None:
+        self.upstream = upstream
+        self.conversation = conversation
+        self.request = request
+        self.accumulator = StreamAccumulator()
+        self._first_round: AsyncIterator[dict[str, Any]] | None = None
+        self._first: dict[str, Any] | None = None
+
+    async def start(self) -> None:
+        self._first_round = self.upstream.stream(self.conversation.request).__aiter__()
+        try:
+            self._first = await self._first_round.__anext__()
+        except StopAsyncIteration:
+            self._first = None
+
+    async def _replayed_first_round(self) -> AsyncIterator[dict[str, Any]]:
+        if self._first is not None:
+            yield self._first
+            assert self._first_round is not None
+            async for chunk in self._first_round:
+                yield chunk
+
+    async def events(self) -> AsyncIterator[bytes]:
+        accumulator = self.accumulator
+        async for chunk, is_usage in _stream(self.upstream, self.conversation, self._replayed_first_round()):
+            if is_usage:
+                chunk = {"id": accumulator.id, "created": accumulator.created, "model": accumulator.model, **chunk}
+                accumulator.add(chunk)
+                if self.request.wants_stream_usage:
+                    yield sse_event(chunk)
+                continue
+            accumulator.add(chunk)
+            yield sse_event(chunk)
+
+    @property
+    def completion(self) -> Completion:
+        return _completion(self.accumulator.response())
+
+    def terminal(self) -> bytes:
+        return SSE_DONE
+
+
+async def _stream(
     upstream: UpstreamClient, conversation: Conversation, first_round: AsyncIterator[dict[str, Any]]
 ) -> AsyncIterator[tuple[dict[str, Any], bool]]:
     """(chunk, is_usage) pairs for the client; rounds that call the gateway's tool are hidden."""
@@ -137,8 +224,7 @@ async def stream(
             for chunk in _release_without_gateway_calls(held, rehydrator):
                 yield chunk, False
             break
-        conversation.with_round(message, calls, await conversation.answer(calls))
-        conversation.rounds += 1
+        _with_round(conversation, message, calls, await conversation.answer(calls))
         chunks = upstream.stream(conversation.request)
     if conversation.usage:
         yield {"object": "chat.completion.chunk", "choices": [], "usage": conversation.usage}, True

@@ -7,6 +7,7 @@ for different tenants and models cannot affect each other.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any, AsyncIterator, Mapping
 
@@ -17,6 +18,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 use_bundled_encodings()
 
 import litellm  # noqa: E402
+
+# Anthropic-format requests to OpenAI-wire deployments go over chat completions, which every
+# OpenAI-compatible server has (LiteLLM would otherwise pick the Responses API for them).
+litellm.use_chat_completions_url_for_anthropic_messages = True
 
 from gateway.errors import (  # noqa: E402
     UpstreamError,
@@ -41,6 +46,16 @@ _NAMED_PARAMS = frozenset(
 )
 # Arguments of `litellm.acompletion` that steer the call itself.
 _CALL_OPTIONS = frozenset({"max_retries", "extra_headers", "stream", "timeout", "api_key", "api_base", "base_url"})
+# The Anthropic Messages fields passed to `litellm.anthropic.messages.acreate`. Only these: a
+# body key must never reach LiteLLM as a call option (api_base, api_key, credentials), and
+# LiteLLM's native Anthropic path keeps only Anthropic's documented fields anyway.
+_MESSAGES_PARAMS = frozenset(
+    {
+        "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "tools",
+        "tool_choice", "thinking", "metadata", "context_management", "output_format", "output_config",
+        "service_tier", "container", "mcp_servers", "inference_geo", "speed",
+    }
+)
 # Config keys that describe pricing for us, not parameters for the provider.
 _PRICING_KEYS = frozenset(
     {"input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
@@ -100,6 +115,40 @@ class LiteLLMUpstream:
             kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
         return kwargs
 
+    def _messages_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
+        params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
+        kwargs: dict[str, Any] = {"max_retries": 0, **params}
+        kwargs.update({k: v for k, v in request.body.items() if k in _MESSAGES_PARAMS})
+        kwargs["timeout"] = request.timeout_seconds
+        kwargs["stream"] = stream
+        if request.extra_headers:
+            kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers}
+        return kwargs
+
+    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
+        try:
+            response = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=False))
+        except Exception as exc:
+            raise _map_error(exc) from exc
+        body = response if isinstance(response, dict) else response.model_dump()
+        if not isinstance(body.get("content"), list):
+            raise UpstreamInvalidResponse("upstream: the answer is not a message (no content blocks)")
+        return body
+
+    async def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        try:
+            stream = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=True))
+            frames = SseFrames()
+            async for chunk in stream:
+                for event in frames.feed(chunk):
+                    if event.get("type") == "error":
+                        raise _event_error(event)
+                    yield event
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc) from exc
+
     async def warm_up(self) -> None:
         """Load what LiteLLM loads on its first call and first stream (offline: a mock answer)."""
         messages = [{"role": "user", "content": "warm up"}]
@@ -158,6 +207,40 @@ class LiteLLMUpstream:
             cached=int(details.get("cached_tokens") or 0),
             cache_write=int(usage.get("cache_creation_input_tokens") or 0),
         )
+
+
+class SseFrames:
+    """Server-sent event frames from the byte chunks LiteLLM yields (frames may span chunks)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: Any) -> list[dict[str, Any]]:
+        if isinstance(chunk, dict):  # some adapters yield parsed events
+            return [chunk]
+        self._buffer += chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+        events = []
+        while b"\n\n" in self._buffer:
+            frame, self._buffer = self._buffer.split(b"\n\n", 1)
+            data = b"".join(line[5:].strip() for line in frame.split(b"\n") if line.startswith(b"data:"))
+            if not data or data == b"[DONE]":
+                continue
+            try:
+                event = json.loads(data)
+            except ValueError as exc:
+                raise UpstreamInvalidResponse(f"upstream: a stream event is not JSON: {data[:200]!r}") from exc
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+
+def _event_error(event: dict[str, Any]) -> UpstreamError:
+    error = event.get("error") or {}
+    kind, message = error.get("type"), f"upstream: {error.get('message') or 'error event'}"
+    status = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
+              "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
+              "overloaded_error": 529}.get(str(kind), 502)
+    return upstream_error_for_status(status, message)
 
 
 def check_completion(response: dict[str, Any]) -> dict[str, Any]:

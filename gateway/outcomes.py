@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import GatewayError
+from gateway.forwarding import Completion
 from gateway.upstream import Prices
 from storage.record_types import RunOutcome
 
@@ -48,10 +49,9 @@ def costs(accounting: Accounting, usage: dict[str, Any]) -> tuple[float | None, 
     return forwarded, original, written
 
 
-def success(response: dict[str, Any], started: float, accounting: Accounting) -> RunOutcome:
-    usage = response.get("usage") or {}
+def success(completion: Completion, started: float, accounting: Accounting) -> RunOutcome:
+    usage = completion.usage or {}
     details = usage.get("prompt_tokens_details") or {}
-    choices = response.get("choices") or [{}]
     cost, cost_original, written = costs(accounting, usage)
     return RunOutcome(
         status="ok",
@@ -66,8 +66,8 @@ def success(response: dict[str, Any], started: float, accounting: Accounting) ->
         cost_original_usd=cost_original,
         tokens_original=accounting.tokens_original,
         tokens_forwarded=accounting.tokens_forwarded,
-        finish_reason=choices[0].get("finish_reason"),
-        response=response,
+        finish_reason=completion.finish_reason,
+        response=completion.body,
     )
 
 

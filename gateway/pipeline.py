@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from gateway import forwarding
+from gateway import forwarding, messages_forwarding
 from gateway.auth import Principal, authenticate
 from gateway.config import ModelSettings, TenantSettings
 from gateway.errors import (
@@ -25,16 +25,17 @@ from gateway.errors import (
     PermissionDenied,
     RateLimitExceeded,
 )
-from gateway.forwarding import Conversation
+from gateway.forwarding import ChatRelay, Conversation
 from gateway.outcomes import Accounting
-from gateway.projection import assembly_record, project
-from gateway.rehydration import Rehydrator, tool_schema
+from gateway.projection import assembly_record, project, projected_tokens
+from gateway.messages_forwarding import MessagesRelay
+from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
 from gateway.services import Services
-from gateway.streaming import StreamAccumulator
 from gateway.upstream import UpstreamRequest
 from gateway.wire import NeutralRequest, WireFormat
+from gateway.wire.anthropic_messages import AnthropicMessages
 from gateway.wire.json_body import check_text
 from policies.assembler import Projection, Records
 from policies.policy import Policy
@@ -45,6 +46,10 @@ SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-sessio
 PARENT_HEADER = "x-gateway-parent-request"
 _PARENT_REQUEST = re.compile(r"^req_[0-9a-f]{32}$")
 _OFF_LOOP_BYTES = 256 * 1024  # bodies past this are parsed and hashed in a worker thread
+FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")  # the client's, sent on to the provider
+# How each upstream protocol is called: the answer as JSON, and as a relayed stream.
+COMPLETE = {"chat": forwarding.complete, "messages": messages_forwarding.complete}
+RELAYS = {"chat": ChatRelay, "messages": MessagesRelay}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -114,31 +119,32 @@ def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, 
 
 
 def _model_for(services: Services, tenant: TenantSettings, name: str) -> ModelSettings:
-    model = services.settings.model(name)
-    if model is None or (tenant.models is not None and name not in tenant.models):
+    model = services.settings.model(name)  # an exact name, or a wildcard entry (its name is the pattern)
+    if model is None or (tenant.models is not None and model.name not in tenant.models):
         raise ModelNotFound(f"The model '{name}' does not exist or you do not have access to it.", param="model")
     return model
 
 
-def _conversation(services: Services, run: RunStart, neutral: NeutralRequest, model: ModelSettings,
-                  policy: Policy, projection: Projection, records: Records,
-                  assembly: AssemblyRecord) -> Conversation:
+def _conversation(services: Services, run: RunStart, request: Request, neutral: NeutralRequest,
+                  wire: WireFormat, model: ModelSettings, policy: Policy, projection: Projection,
+                  records: Records, assembly: AssemblyRecord) -> Conversation:
     """The upstream request: the projection, plus the rehydration tool when it names artifacts."""
-    body = neutral.upstream_body(projection.messages)
+    body = wire.upstream_body(neutral, projection.messages)
     rehydrator = None
     if projection.names_artifacts and neutral.tools and policy.rehydration.max_rounds > 0:
         rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=run.tenant,
                                 participant=run.participant, provider=model.provider_name,
                                 decisions=assembly.decisions)
-        body["tools"] = [*neutral.tools, tool_schema(rehydrator.name)]
-    request = UpstreamRequest(
+        body["tools"] = [*neutral.tools, wire.rehydration_tool(rehydrator.name, DESCRIPTION, PARAMETERS)]
+    upstream_request = UpstreamRequest(
         alias=neutral.model,
         litellm_params=model.litellm_params,
         body=body,
         timeout_seconds=services.settings.server.upstream_timeout_seconds,
         request_id=run.request_id,
+        extra_headers={name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
     )
-    return Conversation(request=request, rehydrator=rehydrator)
+    return Conversation(request=upstream_request, rehydrator=rehydrator)
 
 
 async def _parse(wire: WireFormat, raw: bytes) -> NeutralRequest:
@@ -147,12 +153,29 @@ async def _parse(wire: WireFormat, raw: bytes) -> NeutralRequest:
     return wire.parse(raw)
 
 
-async def handle(request: Request, services: Services, wire: WireFormat) -> Response:
-    """One model request in `wire`'s format, answered in it."""
+def _tenant_principal(request: Request, services: Services) -> Principal:
     principal = authenticate(services.keyring, request.headers.get("authorization"), request.headers.get("x-api-key"))
     if principal.tenant is None:
         raise PermissionDenied("admin keys read records; model requests need a tenant key")
+    return principal
+
+
+async def count_tokens(request: Request, services: Services, wire: AnthropicMessages) -> int:
+    """Tokens of what would be forwarded: the projection of the request's transcript (nothing is stored)."""
+    principal = _tenant_principal(request, services)
+    assert principal.tenant is not None
+    raw = await read_body(request, services.settings.server.max_body_bytes)
+    neutral = await run_in_threadpool(wire.parse_count, raw)
+    model = _model_for(services, principal.tenant, neutral.model)
+    policy = services.policies[principal.tenant.id]
+    return await run_in_threadpool(projected_tokens, policy, model, principal.tenant.id, neutral, services.clock())
+
+
+async def handle(request: Request, services: Services, wire: WireFormat) -> Response:
+    """One model request in `wire`'s format, answered in it."""
+    principal = _tenant_principal(request, services)
     tenant = principal.tenant
+    assert tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
     neutral = await _parse(wire, raw)
     model = _model_for(services, tenant, neutral.model)
@@ -191,52 +214,34 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             "x-gateway-tokens-forwarded": str(projection.tokens_forwarded),
             **rate_headers,
         }
-        conversation = _conversation(services, run, neutral, model, policy, projection, records, assembly)
+        conversation = _conversation(services, run, request, neutral, wire, model, policy, projection, records,
+                                     assembly)
         recorder.forwarding()
         if neutral.stream:
             return await _stream(services, wire, neutral, conversation, recorder, headers)
-        response = await forwarding.complete(services.upstream, conversation)
-        await recorder.succeed(response)
-        return JSONResponse(wire.response(response, neutral), headers=headers)
+        completion = await COMPLETE[wire.upstream](services.upstream, conversation)
+        await recorder.succeed(completion)
+        return JSONResponse(completion.body, headers=headers)
 
 
 async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest, conversation: Conversation,
                   recorder: RunRecorder, headers: dict[str, str]) -> Response:
-    first_round = services.upstream.stream(conversation.request).__aiter__()
-    try:  # an error before the first chunk is an ordinary HTTP error
-        first = await first_round.__anext__()
-    except StopAsyncIteration:
-        first = None
-
-    async def replayed_first_round() -> AsyncIterator[dict[str, Any]]:
-        if first is not None:
-            yield first
-            async for chunk in first_round:
-                yield chunk
-
-    renderer = wire.stream_renderer(neutral)
+    relay = RELAYS[wire.upstream](services.upstream, conversation, neutral)
+    await relay.start()  # an error before the first event is an ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:
-        accumulator = StreamAccumulator()
         try:
-            async for chunk, is_usage in forwarding.stream(services.upstream, conversation, replayed_first_round()):
-                if is_usage:
-                    chunk = {"id": accumulator.id, "created": accumulator.created, "model": accumulator.model, **chunk}
-                    accumulator.add(chunk)
-                    if data := renderer.usage(chunk):
-                        yield data
-                    continue
-                accumulator.add(chunk)
-                yield renderer.chunk(chunk)
-            await recorder.succeed(accumulator.response())
-            yield renderer.done()
+            async for data in relay.events():
+                yield data
+            await recorder.succeed(relay.completion)
+            yield relay.terminal()
         except GatewayError as error:
             await recorder.fail(error)
-            yield renderer.error(error)
+            yield wire.stream_error(error)
         except Exception as exc:  # a fault of ours mid-stream: recorded, and told in the stream's own terms
             error = internal_error(exc)
             await recorder.fail(error, status="internal_error")
             services.metrics.observe_error("internal_error")
-            yield renderer.error(error)
+            yield wire.stream_error(error)
 
     return RecordedStream(events(), recorder, headers)

@@ -9,8 +9,9 @@ from policies import assembler
 from policies.assembler import Projection, Records, assemble
 from policies.path_records import records_for_path
 from policies.policy import Policy
-from policies.tokens import encoding_for_model
-from policies.transcript import PathNode
+from policies.tokens import count_text, encoding_for_model
+from policies.transcript import PathNode, canonical_json, message_path
+from gateway.wire import NeutralRequest
 from storage.record_types import AssemblyRecord, IngestResult
 
 
@@ -47,6 +48,20 @@ def project(
             param="messages",
         ) from exc
     return projection, records, (time.perf_counter() - started) * 1000
+
+
+def projected_tokens(policy: Policy, model: ModelSettings, tenant: str, request: NeutralRequest, now: float) -> int:
+    """The prompt tokens the gateway would forward for `request`: its projection, from the path alone
+    (as `gateway replay` assembles), plus the tools it declares."""
+    path = message_path(tenant, request.messages)
+    encoding = encoding_for_model(str(model.litellm_params["model"]))
+    records = records_for_path(path, now, encoding=encoding)
+    try:
+        projection = assemble(policy, request.messages, records, now, provider=model.provider_name, encoding=encoding)
+    except assembler.ContextBudgetExceeded as exc:
+        raise ContextBudgetExceeded(f"Context budget exceeded: {exc}.", param="messages") from exc
+    tools = request.tools
+    return projection.tokens_forwarded + (count_text(canonical_json(tools), encoding) if tools else 0)
 
 
 def assembly_record(

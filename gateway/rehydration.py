@@ -30,20 +30,12 @@ DESCRIPTION = (
 )
 
 
-def tool_schema(name: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": DESCRIPTION,
-            "parameters": {
-                "type": "object",
-                "properties": {"artifact_id": {"type": "string", "description": "the id after 'artifact:'"}},
-                "required": ["artifact_id"],
-                "additionalProperties": False,
-            },
-        },
-    }
+PARAMETERS = {
+    "type": "object",
+    "properties": {"artifact_id": {"type": "string", "description": "the id after 'artifact:'"}},
+    "required": ["artifact_id"],
+    "additionalProperties": False,
+}
 
 
 @dataclass
@@ -69,7 +61,9 @@ class Rehydrator:
         return self.policy.rehydration.tool_name
 
     def is_call(self, call: Mapping[str, Any]) -> bool:
-        return (call.get("function") or {}).get("name") == self.name
+        """A Chat tool call, or an Anthropic tool_use block, addressed to the gateway's tool."""
+        name = (call.get("function") or {}).get("name") if "function" in call else call.get("name")
+        return name == self.name
 
     def _refuse(self, artifact_id: str | None, reason: str, text: str) -> str:
         self.decisions.append({"index": None, "role": "tool", "action": "rehydration_refused", "reason": reason,
@@ -79,7 +73,10 @@ class Rehydrator:
     def answer(self, call: Mapping[str, Any]) -> str:
         """The tool message content for one call (runs in a worker thread: it reads the store)."""
         try:
-            arguments = json.loads((call.get("function") or {}).get("arguments") or "{}")
+            if "function" in call:
+                arguments = json.loads((call.get("function") or {}).get("arguments") or "{}")
+            else:  # an Anthropic tool_use block
+                arguments = call.get("input")
             artifact_id = str(arguments["artifact_id"]).strip().removeprefix("artifact:")
         except (ValueError, KeyError, TypeError, AttributeError):
             return self._refuse(None, "invalid_arguments", 'pass {"artifact_id": "<id after artifact:>"}')

@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import outcomes
 from gateway.errors import GatewayError, InternalError
+from gateway.forwarding import Completion
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Accounting
 from policies.transcript import PathNode
@@ -79,9 +80,9 @@ class RunRecorder:
             return
         self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
 
-    async def succeed(self, response: Mapping[str, Any]) -> None:
+    async def succeed(self, completion: Completion) -> None:
         assert self.accounting is not None
-        await self.finish(outcomes.success(dict(response), self.started, self.accounting))
+        await self.finish(outcomes.success(completion, self.started, self.accounting))
 
     async def fail(self, error: GatewayError, status: str = "error") -> None:
         await self.finish(outcomes.failure(error, self.started, self.accounting, status=status))

@@ -7,11 +7,11 @@ from typing import Any, AsyncIterator, Mapping, Protocol
 
 @dataclass(frozen=True)
 class UpstreamRequest:
-    """One chat completion to send: the config's model entry and the OpenAI body."""
+    """One request to send: the config's model entry and the body (Chat or Anthropic Messages fields)."""
 
     alias: str
     litellm_params: Mapping[str, Any]
-    body: Mapping[str, Any]  # OpenAI fields except model and stream; messages are the projection
+    body: Mapping[str, Any]  # the format's fields except model and stream; messages are the projection
     timeout_seconds: float
     request_id: str
     extra_headers: Mapping[str, str] = field(default_factory=dict)
@@ -42,6 +42,12 @@ class UpstreamClient(Protocol):
 
     def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         """chat.completion.chunk objects as plain dicts; raises UpstreamError."""
+
+    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
+        """An Anthropic Messages answer (`request.body` is an Anthropic request); raises UpstreamError."""
+
+    def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        """Anthropic Messages stream events as plain dicts; raises UpstreamError."""
 
     def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
         """What the usage cost under the provider's price map, if known."""

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from policies.assembler import Records
 from policies.memories import ArtifactView
 from policies.tokens import DEFAULT_ENCODING, count_text
-from policies.tool_status import tool_result_status
+from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
 
 
@@ -39,7 +39,7 @@ def _facts(node: PathNode, encoding: str) -> tuple[str, str, str, int]:
         if cached is not None:
             _FACTS.move_to_end(key)
             return (text, *cached)
-    facts = (hashlib.sha256(raw).hexdigest(), tool_result_status(text), count_text(text, encoding))
+    facts = (hashlib.sha256(raw).hexdigest(), message_status(dict(node.message), text), count_text(text, encoding))
     with _FACTS_LOCK:
         _FACTS[key] = facts
         if len(_FACTS) > _FACTS_SIZE:

@@ -79,11 +79,11 @@ def count_text(text: str, name: str = DEFAULT_ENCODING) -> int:
 def content_tokens(content: Any, name: str = DEFAULT_ENCODING) -> int:
     if isinstance(content, str):
         return count_text(content, name)
-    if isinstance(content, list):
+    if isinstance(content, list):  # text parts; an Anthropic thinking block's text counts too
         return sum(
-            count_text(part["text"], name)
-            for part in content
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+            count_text(part[key], name)
+            for part in content if isinstance(part, Mapping)
+            for key in ("text", "thinking") if isinstance(part.get(key), str)
         )
     return 0
 

@@ -44,3 +44,8 @@ def tool_result_status(text: str) -> str:
     if _PENDING.search(head):
         return "pending"
     return "ok"
+
+
+def message_status(message: dict, text: str) -> str:
+    """A tool message's status: an explicit error flag (Anthropic's `is_error`) wins, else its text."""
+    return "error" if message.get("is_error") is True else tool_result_status(text)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 # (`refusal`, `annotations`, SDK-specific extras) does not change identity,
 # so an agent that re-serialises its own history slightly differently does
 # not fork the conversation.
-_IDENTITY_FIELDS = ("role", "name", "content", "tool_calls", "tool_call_id", "function_call")
+_IDENTITY_FIELDS = ("role", "name", "content", "tool_calls", "tool_call_id", "function_call", "is_error")
 
 NODE_ID_BYTES = 16  # 32 hex characters
 

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from policies.tokens import count_text
-from policies.tool_status import tool_result_status
+from policies.tool_status import message_status
 from policies.transcript import (
     PathNode,
     artifact_id_for,
@@ -285,7 +285,7 @@ class Capture(StoreBase):
             "tool_call_pk": tool_call_pk(call_node_id, call_id) if call_node_id else None,
             "tool_name": function.get("name"),
             "arguments": function.get("arguments"),
-            "status": tool_result_status(text_content),
+            "status": message_status(dict(node.message), text_content),
             "sha256": digest,
             "size_bytes": len(raw),
             "tokens": count_text(text_content),

@@ -1,9 +1,10 @@
 """A scripted OpenAI-compatible upstream on a real socket, for tests and benchmarks.
 
-Each call to `/v1/chat/completions` takes the next scripted step (or answers
-"ok"): an assistant message, an HTTP error, a delay, a broken stream. Every
-request body and its headers are recorded. Streams are real SSE, with content
-and tool-call arguments split across chunks as providers do.
+Each call to `/v1/chat/completions` (or to `/v1/messages`, Anthropic's format,
+tests/fake_anthropic.py) takes the next scripted step (or answers "ok"): an
+assistant message, an HTTP error, a delay, a broken stream. Every request body
+and its headers are recorded. Streams are real SSE, with content and tool-call
+arguments split across chunks as providers do.
 
 In-process: `with FakeUpstream() as fake: fake.script_message(...)`.
 Standalone: `python tests/fake_upstream.py --port 18080`, driven over
@@ -23,6 +24,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+if __package__ in (None, ""):  # run as a script: python tests/fake_upstream.py
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.fake_anthropic import add_messages_routes  # noqa: E402
+
 
 @dataclass
 class Step:
@@ -36,6 +44,8 @@ class Step:
     chunk_delay: float = 0.0  # seconds between SSE chunks
     raw: str | None = None  # answer these bytes as they are (garbage: truncated JSON, HTML, ...)
     content_type: str = "application/json"
+    blocks: list[dict[str, Any]] | None = None  # /v1/messages: the Anthropic content blocks to answer
+    stop_reason: str | None = None  # /v1/messages: default tool_use or end_turn
 
 
 @dataclass
@@ -44,6 +54,7 @@ class FakeState:
     requests: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     default_delay: float = 0.0  # seconds before an unscripted answer (standalone --delay)
+    anthropic_cache: set[str] = field(default_factory=set)  # /v1/messages: prefix digests written
     keep_requests: int | None = None  # standalone: remember only the latest N requests
 
     def next_step(self) -> Step:
@@ -112,6 +123,7 @@ def build_app(state: FakeState) -> FastAPI:
         with state.lock:
             state.script.clear()
             state.requests.clear()
+            state.anthropic_cache.clear()
         return {"ok": True}
 
     @app.get("/_requests")
@@ -167,6 +179,7 @@ def build_app(state: FakeState) -> FastAPI:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    add_messages_routes(app, state)
     return app
 
 
@@ -225,6 +238,7 @@ class FakeUpstream:
         with self.state.lock:
             self.state.script.clear()
             self.state.requests.clear()
+            self.state.anthropic_cache.clear()
 
     def script(self, **step: Any) -> None:
         with self.state.lock:

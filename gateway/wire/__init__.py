@@ -1,10 +1,12 @@
 """Wire formats: one module per format, translation only.
 
 Each format turns its request body into a `NeutralRequest` (the transcript as
-OpenAI Chat Completions messages, which is what the assembler and the upstream
-client speak) and turns the pipeline's answers back into its own shape: a JSON
-body, a stream of server-sent events, an error. No module here touches
-storage; `gateway/pipeline.py` does the rest, the same for every format.
+OpenAI Chat Completions messages, which is what the assembler speaks, with
+blocks that have no Chat equivalent carried as they came) and renders the
+projection back into its own request shape; answers go back in its own shape
+too (gateway/forwarding.py for Chat, gateway/messages_forwarding.py for
+Anthropic Messages). No module here touches storage; `gateway/pipeline.py`
+does the rest, the same for every format.
 """
 from __future__ import annotations
 
@@ -29,35 +31,22 @@ class NeutralRequest:
         tools = self.params.get("tools")
         return tools if isinstance(tools, list) and tools else None
 
-    def upstream_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """The fields to forward, with `messages` replaced by the projection."""
-        out = {k: v for k, v in self.params.items() if k != "stream_options" or self.stream}
-        out["messages"] = messages
-        return out
-
-
-class StreamRenderer(Protocol):
-    """Turns the pipeline's chat.completion.chunk dicts into the format's SSE bytes."""
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes: ...
-
-    def usage(self, chunk: dict[str, Any]) -> bytes:
-        """The final usage chunk (sent only if the format or the client wants it)."""
-
-    def done(self) -> bytes: ...
-
-    def error(self, error: GatewayError) -> bytes: ...
 
 
 class WireFormat(Protocol):
     name: str  # recorded on the run: openai.chat, anthropic.messages, openai.responses
+    upstream: str  # the upstream protocol its requests are forwarded in: "chat" or "messages"
 
     def parse(self, raw: bytes) -> NeutralRequest:
         """The checked request; raises InvalidRequest naming the field at fault."""
 
-    def response(self, completion: dict[str, Any], request: NeutralRequest) -> dict[str, Any]:
-        """The JSON answer for a chat.completion."""
+    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The request to forward (every field but model and stream) with the projection as its transcript."""
 
-    def stream_renderer(self, request: NeutralRequest) -> StreamRenderer: ...
+    def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        """The gateway's rehydration tool, declared the format's way."""
 
     def error_body(self, error: GatewayError) -> dict[str, Any]: ...
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        """The event that ends a stream that failed after it began."""

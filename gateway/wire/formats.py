@@ -5,11 +5,14 @@ from fastapi.responses import JSONResponse
 
 from gateway.errors import GatewayError
 from gateway.wire import WireFormat
+from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
 from gateway.wire.openai_chat import OPENAI_CHAT
 
 
 def format_for_path(path: str) -> WireFormat:
-    """The format whose error shape a path answers in (OpenAI's for every route so far)."""
+    """The format whose error shape a path answers in: Anthropic's under /v1/messages, else OpenAI's."""
+    if path.startswith(("/v1/messages", "/messages")):
+        return ANTHROPIC_MESSAGES
     return OPENAI_CHAT
 
 

@@ -159,37 +159,26 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}}
 
 
-class _ChatStream:
-    def __init__(self, request: NeutralRequest) -> None:
-        self.request = request
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        return sse_event(chunk)
-
-    def usage(self, chunk: dict[str, Any]) -> bytes:
-        return sse_event(chunk) if self.request.wants_stream_usage else b""
-
-    def done(self) -> bytes:
-        return SSE_DONE
-
-    def error(self, error: GatewayError) -> bytes:
-        return sse_event(error_body(error))  # and no [DONE]: the stream did not complete
-
-
 class OpenAIChat:
     name = "openai.chat"
+    upstream = "chat"
 
     def parse(self, raw: bytes) -> NeutralRequest:
         return parse_chat_body(parse_json_object(raw))
 
-    def response(self, completion: dict[str, Any], request: NeutralRequest) -> dict[str, Any]:
-        return completion
+    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {k: v for k, v in request.params.items() if k != "stream_options" or request.stream}
+        out["messages"] = messages
+        return out
 
-    def stream_renderer(self, request: NeutralRequest) -> _ChatStream:
-        return _ChatStream(request)
+    def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return error_body(error)
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        return sse_event(error_body(error))  # and no [DONE]: the stream did not complete
 
 
 OPENAI_CHAT = OpenAIChat()

@@ -1,0 +1,317 @@
+"""Anthropic Messages: `POST /v1/messages` and `/v1/messages/count_tokens` in and out.
+
+In: the body is checked (block by block: text, image, document, tool_use,
+tool_result, thinking, redacted_thinking; other block types pass through) and
+turned into the neutral transcript: `system` becomes a system message; each
+`tool_result` block its own tool message (`is_error` kept); the other blocks of
+a user turn a user message; an assistant turn keeps its blocks as they came
+(thinking with its signature, byte for byte) and lists its `tool_use` blocks as
+`tool_calls` too, so the assembler sees calls and answers as on every path.
+`cache_control` markers are left out of the neutral transcript (they move
+every turn, and a message's identity must not); the gateway places its own
+(gateway/cache_markers.py).
+
+Out: the projection is rendered back into Anthropic's shape: a user turn is its
+tool results first, then its other blocks; a compacted result is a tool
+result holding the memory text; a call whose arguments were compacted gets the
+compacted input. Answers and stream events are Anthropic's own.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.wire import NeutralRequest
+from gateway.wire.json_body import check_text, param_path, parse_json_object
+from policies.protocol import orphan_tool_messages
+
+NAME_MAX = 256
+ID_MAX = 256
+# Fields the gateway reads or rewrites; everything else (the system prompt too, which is never
+# changed, markers and all) is passed on as the client sent it.
+_OWN_FIELDS = ("model", "messages", "stream")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Message(_Open):
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[Any]
+
+
+class _Tool(_Open):
+    name: StrictStr = Field(min_length=1, max_length=NAME_MAX)
+
+
+class _MessagesBody(_Open):
+    model: StrictStr = Field(min_length=1, max_length=NAME_MAX)
+    messages: list[_Message] = Field(min_length=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    system: StrictStr | list[Any] | None = None
+    stream: StrictBool | None = None
+    tools: list[_Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    stop_sequences: list[StrictStr] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: StrictInt | None = None
+    thinking: dict[str, Any] | None = None
+
+
+# A block type -> (field, required type) pairs it must hold.
+_BLOCK_FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
+    "text": (("text", str),),
+    "image": (("source", dict),),
+    "document": (("source", dict),),
+    "tool_use": (("id", str), ("name", str), ("input", dict)),
+    "tool_result": (("tool_use_id", str),),
+    "thinking": (("thinking", str), ("signature", str)),
+    "redacted_thinking": (("data", str),),
+}
+_USER_ONLY = frozenset({"tool_result"})
+_ASSISTANT_ONLY = frozenset({"tool_use", "thinking", "redacted_thinking"})
+
+
+def _check_block(block: Any, param: str, role: str) -> None:
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise InvalidRequest(f"{param}: a content block is an object with a string `type`", param=param)
+    kind = block["type"]
+    for field, kind_of in _BLOCK_FIELDS.get(kind, ()):
+        if not isinstance(block.get(field), kind_of):
+            raise InvalidRequest(f"{param}.{field}: a {kind} block needs it", param=f"{param}.{field}")
+    if kind in _USER_ONLY and role != "user" or kind in _ASSISTANT_ONLY and role != "assistant":
+        raise InvalidRequest(f"{param}: a {kind} block cannot be in a {role} message", param=param)
+    if kind == "tool_use":
+        for field in ("id", "name"):
+            check_text(block[field], f"{param}.{field}")
+        if len(block["id"]) > ID_MAX or len(block["name"]) > NAME_MAX:
+            raise InvalidRequest(f"{param}: tool_use id and name are at most {ID_MAX} characters", param=param)
+    if kind == "tool_result":
+        check_text(block["tool_use_id"], f"{param}.tool_use_id")
+        if len(block["tool_use_id"]) > ID_MAX:
+            raise InvalidRequest(f"{param}.tool_use_id: at most {ID_MAX} characters", param=f"{param}.tool_use_id")
+        content = block.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise InvalidRequest(f"{param}.content: a string or a list of blocks", param=f"{param}.content")
+        for number, inner in enumerate(content if isinstance(content, list) else ()):
+            _check_block(inner, f"{param}.content[{number}]", "user")
+        if "is_error" in block and not isinstance(block["is_error"], bool):
+            raise InvalidRequest(f"{param}.is_error: true or false", param=f"{param}.is_error")
+
+
+def _without_markers(value: Any) -> Any:
+    """A block (or list of blocks) without `cache_control`: markers are not part of the transcript."""
+    if isinstance(value, list):
+        return [_without_markers(v) for v in value]
+    if isinstance(value, dict) and "cache_control" in value:
+        return {k: v for k, v in value.items() if k != "cache_control"}
+    return value
+
+
+def _arguments(tool_input: dict[str, Any]) -> str:
+    return json.dumps(tool_input, ensure_ascii=False)
+
+
+def to_neutral(system: Any, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the neutral transcript, the Anthropic location of each neutral message, for error messages)."""
+    out: list[dict[str, Any]] = []
+    where: list[str] = []
+    if system is not None and system != []:
+        out.append({"role": "system", "content": _without_markers(system)})
+        where.append("system")
+    for index, message in enumerate(messages):
+        content = message["content"]
+        here = f"messages[{index}]"
+        if isinstance(content, str):
+            out.append({"role": message["role"], "content": content})
+            where.append(here)
+            continue
+        blocks = _without_markers(content)
+        if message["role"] == "user":
+            for number, block in enumerate(blocks):
+                if block["type"] == "tool_result":
+                    tool = {"role": "tool", "tool_call_id": block["tool_use_id"], "content": block.get("content", "")}
+                    if block.get("is_error"):
+                        tool["is_error"] = True
+                    out.append(tool)
+                    where.append(f"{here}.content[{number}]")
+            others = [b for b in blocks if b["type"] != "tool_result"]
+            if others or len(others) == len(blocks):
+                out.append({"role": "user", "content": others})
+                where.append(here)
+            continue
+        neutral: dict[str, Any] = {"role": "assistant", "content": blocks}
+        calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": _arguments(b["input"])}}
+                 for b in blocks if b["type"] == "tool_use"]
+        if calls:
+            neutral["tool_calls"] = calls
+        out.append(neutral)
+        where.append(here)
+    return out, where
+
+
+def _check(body: dict[str, Any], *, needs_max_tokens: bool) -> _MessagesBody:
+    try:
+        checked = _MessagesBody.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and (p in ("str", "int") or "[" in p)))
+        param = param_path(loc)
+        message = "is required" if first["type"] == "missing" else first["msg"]
+        raise InvalidRequest(f"{param}: {message}", param=param) from exc
+    if needs_max_tokens and checked.max_tokens is None:
+        raise InvalidRequest("max_tokens: is required", param="max_tokens")
+    check_text(checked.model, "model")
+    if isinstance(checked.system, list):
+        for number, block in enumerate(checked.system):
+            _check_block(block, f"system[{number}]", "user")
+    for index, message in enumerate(checked.messages):
+        if isinstance(message.content, list):
+            for number, block in enumerate(message.content):
+                _check_block(block, f"messages[{index}].content[{number}]", message.role)
+    return checked
+
+
+def parse_messages_body(body: dict[str, Any], *, needs_max_tokens: bool = True) -> NeutralRequest:
+    checked = _check(body, needs_max_tokens=needs_max_tokens)
+    messages, where = to_neutral(body.get("system"), body["messages"])
+    orphans = orphan_tool_messages(messages)
+    if orphans:
+        index, reason = orphans[0]
+        reason = reason.replace("tool_call_id", "tool_use_id").replace("a tool message", "a tool_result block")
+        raise InvalidRequest(f"{where[index]}: {reason}", param=where[index], code="invalid_tool_message")
+    return NeutralRequest(
+        model=checked.model,
+        messages=messages,
+        stream=bool(checked.stream),
+        params={k: v for k, v in body.items() if k not in _OWN_FIELDS},
+    )
+
+
+# -- from the neutral transcript back to Anthropic's shape ----------------------
+
+def _tool_result(message: dict[str, Any]) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                             "content": message.get("content") if message.get("content") is not None else ""}
+    if message.get("is_error"):
+        block["is_error"] = True
+    return block
+
+
+def _assistant(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    calls = {c["id"]: c for c in message.get("tool_calls") or []}
+    if not isinstance(content, list):  # a plain (or OpenAI-shaped) assistant message
+        blocks = [{"type": "text", "text": content}] if content else []
+        for call in calls.values():
+            blocks.append(_tool_use(call))
+        return {"role": "assistant", "content": blocks if calls else (content or "")}
+    out = []
+    for block in content:
+        if block.get("type") == "tool_use" and block.get("id") in calls:
+            block = {**block, "input": _tool_input(calls[block["id"]], block.get("input"))}
+        out.append(block)
+    return {"role": "assistant", "content": out}
+
+
+def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": _tool_input(call, {})}
+
+
+def _tool_input(call: dict[str, Any], original: Any) -> Any:
+    arguments = call["function"].get("arguments") or "{}"
+    if isinstance(original, dict) and arguments == _arguments(original):
+        return original  # unchanged: the client's object as it came
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def from_neutral(messages: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
+    """(system, messages) in Anthropic's shape for a projection of the neutral transcript."""
+    system = None
+    out: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+
+    def flush(extra: Any = None) -> None:
+        nonlocal results
+        if not results and extra is None:
+            return
+        if results:
+            tail = [{"type": "text", "text": extra}] if isinstance(extra, str) else list(extra or [])
+            out.append({"role": "user", "content": [*results, *tail]})
+        else:
+            out.append({"role": "user", "content": extra})
+        results = []
+
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "system" and index == 0:
+            system = message.get("content")
+        elif role == "tool":
+            results.append(_tool_result(message))
+        elif role in ("user", "system", "developer"):
+            flush(message.get("content") if message.get("content") is not None else "")
+        elif role == "assistant":
+            flush()
+            out.append(_assistant(message))
+    flush()
+    return system, out
+
+
+# -- errors, answers, events ------------------------------------------------------------
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                500: "api_error", 502: "api_error", 503: "overloaded_error", 504: "api_error", 529: "overloaded_error"}
+
+
+def error_type(error: GatewayError) -> str:
+    status = error.status_code
+    return _ERROR_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "api_error")
+
+
+def error_body(error: GatewayError) -> dict[str, Any]:
+    message = error.message if not error.param or error.param in error.message else f"{error.param}: {error.message}"
+    return {"type": "error", "error": {"type": error_type(error), "message": message}}
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    """One Anthropic server-sent event: its type as the event name, the object as data."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+class AnthropicMessages:
+    name = "anthropic.messages"
+    upstream = "messages"
+
+    def parse(self, raw: bytes) -> NeutralRequest:
+        return parse_messages_body(parse_json_object(raw))
+
+    def parse_count(self, raw: bytes) -> NeutralRequest:
+        return parse_messages_body(parse_json_object(raw), needs_max_tokens=False)
+
+    def error_body(self, error: GatewayError) -> dict[str, Any]:
+        return error_body(error)
+
+    def stream_error(self, error: GatewayError) -> bytes:
+        return sse(error_body(error))
+
+    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The client's fields (its system prompt as sent) with `messages` rendered from the projection."""
+        _, rendered = from_neutral(messages)
+        return {**request.params, "messages": rendered}
+
+    def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "description": description, "input_schema": schema}
+
+
+ANTHROPIC_MESSAGES = AnthropicMessages()

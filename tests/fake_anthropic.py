@@ -1,0 +1,166 @@
+"""The Anthropic Messages side of the fake upstream: `POST /v1/messages` and `/v1/messages/count_tokens`.
+
+Answers the next scripted step (tests/fake_upstream.py's `Step`) as an
+Anthropic message: `blocks` as given (text, tool_use, thinking with its
+signature, ...), or built from the step's OpenAI-style `message`. Streams the
+real event sequence (message_start, ping, content_block_start/delta/stop,
+message_delta, message_stop) with text, tool input JSON, thinking and
+signatures split across deltas. Errors come in Anthropic's shape.
+
+Usage simulates Anthropic's prompt cache: only prefixes that end at a
+`cache_control` marker are cached. A request reads the longest marked prefix
+an earlier request wrote, writes the rest up to its last marker, and pays full
+price for what follows (`input_tokens`), as the provider reports it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+if TYPE_CHECKING:
+    from tests.fake_upstream import FakeState, Step
+
+
+def block_tokens(block: Any) -> int:
+    """A stable stand-in for a tokenizer: a quarter of the JSON length."""
+    return max(1, len(json.dumps(block, sort_keys=True)) // 4)
+
+
+def prompt_blocks(body: dict[str, Any]) -> list[Any]:
+    """The prompt in Anthropic's cache order: tools, system, then every message's blocks."""
+    out: list[Any] = list(body.get("tools") or [])
+    system = body.get("system")
+    if isinstance(system, str):
+        out.append({"type": "text", "text": system})
+    elif isinstance(system, list):
+        out += system
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        out += [{"role": message.get("role"), **b} if isinstance(b, dict) else b for b in blocks]
+    return out
+
+
+def _digest(blocks: list[Any]) -> str:
+    stripped = [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in blocks]
+    return hashlib.sha256(json.dumps(stripped, sort_keys=True).encode()).hexdigest()
+
+
+def cache_usage(body: dict[str, Any], written: set[str]) -> dict[str, int]:
+    """input, cache read and cache creation tokens for `body`, given the prefixes written before."""
+    blocks = prompt_blocks(body)
+    tokens = [block_tokens({k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b)
+              for b in blocks]
+    marks = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")][-4:]
+    total = sum(tokens)
+    read_to = 0
+    for mark in marks:
+        if _digest(blocks[: mark + 1]) in written:
+            read_to = mark + 1
+    write_to = marks[-1] + 1 if marks and marks[-1] + 1 > read_to else read_to
+    for mark in marks:
+        written.add(_digest(blocks[: mark + 1]))
+    read = sum(tokens[:read_to])
+    creation = sum(tokens[read_to:write_to])
+    return {"input_tokens": total - read - creation, "cache_read_input_tokens": read,
+            "cache_creation_input_tokens": creation}
+
+
+def blocks_for(step: "Step") -> list[dict[str, Any]]:
+    if step.blocks is not None:
+        return step.blocks
+    message = step.message or {"role": "assistant", "content": "ok"}
+    blocks: list[dict[str, Any]] = []
+    if message.get("content"):
+        blocks.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or []:
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                       "input": json.loads(call["function"].get("arguments") or "{}")})
+    return blocks
+
+
+def _event(name: str, payload: dict[str, Any]) -> str:
+    return f"event: {name}\ndata: {json.dumps(payload)}\n\n"
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[str]:
+    kind = block.get("type")
+    if kind == "text":
+        start = {"type": "text", "text": ""}
+        text = block.get("text") or ""
+        deltas = [{"type": "text_delta", "text": text[i : i + 16]} for i in range(0, len(text), 16)]
+    elif kind == "tool_use":
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+        raw = json.dumps(block.get("input") or {})
+        deltas = [{"type": "input_json_delta", "partial_json": raw[i : i + 24]} for i in range(0, len(raw), 24)]
+    elif kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        text = block.get("thinking") or ""
+        deltas = [{"type": "thinking_delta", "thinking": text[i : i + 20]} for i in range(0, len(text), 20)]
+        deltas.append({"type": "signature_delta", "signature": block.get("signature") or ""})
+    else:  # redacted_thinking, server tool blocks: whole at the start
+        start, deltas = block, []
+    events = [_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": start})]
+    events += [_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+               for d in deltas]
+    events.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return events
+
+
+def add_messages_routes(app: FastAPI, state: "FakeState") -> None:
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> dict[str, int]:
+        body = await request.json()
+        with state.lock:
+            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
+                                   "path": "/v1/messages/count_tokens"})
+        return {"input_tokens": sum(block_tokens(b) for b in prompt_blocks(body))}
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        body = await request.json()
+        with state.lock:
+            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
+                                   "path": "/v1/messages"})
+            number = len(state.requests)
+            usage = cache_usage(body, state.anthropic_cache)
+        step = state.next_step()
+        if step.delay:
+            await asyncio.sleep(step.delay)
+        if step.raw is not None:
+            return Response(step.raw.encode(), status_code=step.status, media_type=step.content_type)
+        if step.status != 200:
+            error = step.error or {"type": "api_error", "message": f"scripted error {step.status}"}
+            return JSONResponse({"type": "error", "error": error}, status_code=step.status, headers=step.headers)
+        blocks = blocks_for(step)
+        stop = step.stop_reason or ("tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn")
+        usage = {**usage, "output_tokens": 7, **(step.usage or {})}
+        message = {"id": f"msg_fake_{number}", "type": "message", "role": "assistant",
+                   "model": body.get("model", "fake"), "content": blocks, "stop_reason": stop,
+                   "stop_sequence": None, "usage": usage}
+        if not body.get("stream"):
+            return JSONResponse(message)
+
+        async def events() -> Any:
+            start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+            out = [_event("message_start", {"type": "message_start", "message": start}),
+                   _event("ping", {"type": "ping"})]
+            for index, block in enumerate(blocks):
+                out += _block_events(index, block)
+            out.append(_event("message_delta", {"type": "message_delta",
+                                                "delta": {"stop_reason": stop, "stop_sequence": None},
+                                                "usage": {"output_tokens": usage["output_tokens"]}}))
+            out.append(_event("message_stop", {"type": "message_stop"}))
+            for sent, payload in enumerate(out):
+                if step.break_stream_after is not None and sent >= step.break_stream_after:
+                    raise RuntimeError("scripted broken stream")
+                yield payload
+                await asyncio.sleep(step.chunk_delay)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
