@@ -313,7 +313,8 @@ def _map_error(exc: Exception) -> UpstreamError:
     status = getattr(exc, "status_code", None)
     headers: dict[str, str] = {}
     response = getattr(exc, "response", None)
-    retry_after = getattr(getattr(response, "headers", None), "get", lambda _k: None)("retry-after")
+    retry_after = getattr(getattr(response, "headers", None), "get", lambda _k: None)("retry-after") or (
+        getattr(exc, "litellm_response_headers", None) or {}).get("retry-after")
     if retry_after:
         headers["retry-after"] = str(retry_after)
     if isinstance(exc, litellm.APIConnectionError) or not isinstance(status, int):
