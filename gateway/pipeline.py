@@ -127,9 +127,9 @@ def _model_for(services: Services, tenant: TenantSettings, name: str) -> ModelSe
 
 def _conversation(services: Services, run: RunStart, request: Request, neutral: NeutralRequest,
                   wire: WireFormat, model: ModelSettings, policy: Policy, projection: Projection,
-                  records: Records, assembly: AssemblyRecord) -> Conversation:
+                  records: Records, assembly: AssemblyRecord, previous_end: int | None) -> Conversation:
     """The upstream request: the projection, plus the rehydration tool when it names artifacts."""
-    body = wire.upstream_body(neutral, projection.messages)
+    body = wire.upstream_body(neutral, projection.messages, _stable_ends(policy, projection, previous_end))
     rehydrator = None
     if projection.names_artifacts and neutral.tools and policy.rehydration.max_rounds > 0:
         rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=run.tenant,
@@ -145,6 +145,18 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         extra_headers={name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
     )
     return Conversation(request=upstream_request, rehydrator=rehydrator)
+
+
+def _stable_ends(policy: Policy, projection: Projection, previous_end: int | None) -> list[int]:
+    """Where the forwarded bytes stay the same on later requests, most needed first (for cache markers):
+    the end of this request, the end of the previous one it extends, the epoch boundary."""
+    if not policy.cache_markers or projection.decisions and any(d.action == "omitted" for d in projection.decisions):
+        return [len(projection.messages) - 1] if policy.cache_markers else []
+    ends = [len(projection.messages) - 1]
+    for end in (previous_end, projection.boundary_index):
+        if end is not None and 0 <= end < len(projection.messages) and end not in ends:
+            ends.append(end)
+    return ends
 
 
 async def _parse(wire: WireFormat, raw: bytes) -> NeutralRequest:
@@ -215,7 +227,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             **rate_headers,
         }
         conversation = _conversation(services, run, request, neutral, wire, model, policy, projection, records,
-                                     assembly)
+                                     assembly, ingest.previous_leaf_position)
         recorder.forwarding()
         if neutral.stream:
             return await _stream(services, wire, neutral, conversation, recorder, headers)

@@ -86,6 +86,7 @@ class Projection:
     policy_version: str
     boundary_round: int  # rounds before this are rendered as of the epoch
     epoch_round: int  # the round count at which the current epoch began
+    boundary_index: int = -1  # the last message of the last round before the boundary (-1: none)
     assembler_version: str = ASSEMBLER_VERSION
 
     @property
@@ -468,6 +469,7 @@ def assemble(
         policy_version=policy.version_label,
         boundary_round=boundary,
         epoch_round=epoch_round,
+        boundary_index=state.rounds[boundary - 1].end if boundary else -1,
     )
 
 

@@ -141,6 +141,9 @@ class Policy(_Strict):
     version: int = Field(1, ge=1)
     description: str = ""
     enabled: bool = True  # False: forward the transcript unchanged (still captured and recorded)
+    # Formats with explicit prompt-cache markers (Anthropic's cache_control): the gateway places them
+    # where its projection is byte-stable (gateway/cache_markers.py); False leaves only the client's.
+    cache_markers: bool = True
     compaction: Compaction = Compaction()
     budget: Budget = Budget()
     privacy: Privacy = Privacy()

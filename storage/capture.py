@@ -116,13 +116,13 @@ class Capture(StoreBase):
             )
             subagent_results = self._subagent_results(session, tenant, conversation, run.parent_request_id)
             # Node ids hash the tenant in, so the leaf index alone is tenant-scoped.
-            previous = session.scalar(
-                select(ModelRun.tokens_original)
+            previous = session.execute(
+                select(ModelRun.tokens_original, ModelRun.leaf_node_id)
                 .where(ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
                        ModelRun.tokens_original.is_not(None))
                 .order_by(ModelRun.started_at.desc())
                 .limit(1)
-            )
+            ).first()
             session.add(self._run_row(run, session_id, conversation, path))
         return IngestResult(
             session_id=session_id,
@@ -134,7 +134,8 @@ class Capture(StoreBase):
             owners=owners,
             sibling_artifacts=max(0, int(in_conversation or 0) - len(path_artifacts)),
             subagent_results=subagent_results,
-            previous_original_tokens=int(previous or 0),
+            previous_original_tokens=int(previous[0] or 0) if previous else 0,
+            previous_leaf_position=next((n.position for n in path if previous and n.id == previous[1]), None),
         )
 
     def _run_row(self, run: RunStart, session_id: str, conversation: str, path: Sequence[PathNode]) -> ModelRun:

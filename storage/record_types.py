@@ -69,6 +69,7 @@ class IngestResult:
     sibling_artifacts: int  # artifacts of the conversation that are not on this path
     subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this conversation
     previous_original_tokens: int  # the client's transcript tokens on the latest earlier run on this path
+    previous_leaf_position: int | None = None  # where that run's transcript ended in this one
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ message_delta, message_stop) with text, tool input JSON, thinking and
 signatures split across deltas. Errors come in Anthropic's shape.
 
 Usage simulates Anthropic's prompt cache: only prefixes that end at a
-`cache_control` marker are cached. A request reads the longest marked prefix
-an earlier request wrote, writes the rest up to its last marker, and pays full
-price for what follows (`input_tokens`), as the provider reports it.
+`cache_control` marker are written. A request reads the longest prefix an
+earlier request wrote that ends at one of its markers or within the 20 blocks
+before one (Anthropic's lookback), writes the rest up to its last marker, and
+pays full price for what follows (`input_tokens`), as the provider reports it.
 """
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def _digest(blocks: list[Any]) -> str:
     return hashlib.sha256(json.dumps(stripped, sort_keys=True).encode()).hexdigest()
 
 
+LOOKBACK = 20  # Anthropic checks for a hit at each of the ~20 block boundaries before a marker
+
+
 def cache_usage(body: dict[str, Any], written: set[str]) -> dict[str, int]:
     """input, cache read and cache creation tokens for `body`, given the prefixes written before."""
     blocks = prompt_blocks(body)
@@ -61,8 +65,10 @@ def cache_usage(body: dict[str, Any], written: set[str]) -> dict[str, int]:
     total = sum(tokens)
     read_to = 0
     for mark in marks:
-        if _digest(blocks[: mark + 1]) in written:
-            read_to = mark + 1
+        for end in range(mark, max(-1, mark - LOOKBACK), -1):
+            if end + 1 > read_to and _digest(blocks[: end + 1]) in written:
+                read_to = end + 1
+                break
     write_to = marks[-1] + 1 if marks and marks[-1] + 1 > read_to else read_to
     for mark in marks:
         written.add(_digest(blocks[: mark + 1]))
@@ -130,7 +136,9 @@ def add_messages_routes(app: FastAPI, state: "FakeState") -> None:
                                    "path": "/v1/messages"})
             number = len(state.requests)
             usage = cache_usage(body, state.anthropic_cache)
-        step = state.next_step()
+        with state.lock:
+            scripted = bool(state.script)
+        step = state.next_step() if scripted or state.responder is None else state.responder(body)
         if step.delay:
             await asyncio.sleep(step.delay)
         if step.raw is not None:

@@ -55,6 +55,9 @@ class FakeState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     default_delay: float = 0.0  # seconds before an unscripted answer (standalone --delay)
     anthropic_cache: set[str] = field(default_factory=set)  # /v1/messages: prefix digests written
+    # /v1/messages without a scripted step: a function of the request body that gives one (an agent
+    # that decides from the conversation, so requests a client makes on the side take nothing away)
+    responder: Any = None
     keep_requests: int | None = None  # standalone: remember only the latest N requests
 
     def next_step(self) -> Step:

@@ -11,7 +11,7 @@ does the rest, the same for every format.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 from gateway.errors import GatewayError
 
@@ -40,8 +40,12 @@ class WireFormat(Protocol):
     def parse(self, raw: bytes) -> NeutralRequest:
         """The checked request; raises InvalidRequest naming the field at fault."""
 
-    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """The request to forward (every field but model and stream) with the projection as its transcript."""
+    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
+                      stable: Sequence[int] = ()) -> dict[str, Any]:
+        """The request to forward (every field but model and stream) with the projection as its transcript.
+
+        `stable`: neutral message indices after which the projection's bytes are stable, most needed
+        first; a format with explicit cache markers (Anthropic's) places them there."""
 
     def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
         """The gateway's rehydration tool, declared the format's way."""

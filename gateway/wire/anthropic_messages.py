@@ -19,10 +19,11 @@ compacted input. Answers and stream events are Anthropic's own.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
+from gateway.cache_markers import place_markers
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.wire import NeutralRequest
 from gateway.wire.json_body import check_text, param_path, parse_json_object
@@ -40,7 +41,7 @@ class _Open(BaseModel):
 
 
 class _Message(_Open):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: StrictStr | list[Any]
 
 
@@ -133,6 +134,10 @@ def to_neutral(system: Any, messages: list[dict[str, Any]]) -> tuple[list[dict[s
             where.append(here)
             continue
         blocks = _without_markers(content)
+        if message["role"] == "system":
+            out.append({"role": "system", "content": blocks})
+            where.append(here)
+            continue
         if message["role"] == "user":
             for number, block in enumerate(blocks):
                 if block["type"] == "tool_result":
@@ -235,36 +240,56 @@ def _tool_input(call: dict[str, Any], original: Any) -> Any:
     return value if isinstance(value, dict) else {"value": value}
 
 
-def from_neutral(messages: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
-    """(system, messages) in Anthropic's shape for a projection of the neutral transcript."""
-    system = None
-    out: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] = []
+Spot = tuple[int, int]  # (message index, block index) in the rendered messages
 
-    def flush(extra: Any = None) -> None:
+
+def from_neutral(messages: list[dict[str, Any]], *, top_system: bool) -> tuple[list[dict[str, Any]], list[Spot | None]]:
+    """Anthropic `messages` for a projection of the neutral transcript, and where each neutral message
+    landed (its block), for cache markers. `top_system`: the first neutral message is the request's
+    `system` field, which is sent as the client sent it, not as a message."""
+    out: list[dict[str, Any]] = []
+    spots: list[Spot | None] = [None] * len(messages)
+    results: list[tuple[int, dict[str, Any]]] = []  # (neutral index, tool_result block) awaiting their user turn
+
+    def flush(content: Any = None, index: int | None = None) -> None:
         nonlocal results
-        if not results and extra is None:
+        if not results and index is None:
             return
         if results:
-            tail = [{"type": "text", "text": extra}] if isinstance(extra, str) else list(extra or [])
-            out.append({"role": "user", "content": [*results, *tail]})
+            tail = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+            out.append({"role": "user", "content": [block for _, block in results] + tail})
+            for position, (neutral, _) in enumerate(results):
+                spots[neutral] = (len(out) - 1, position)
+            if index is not None and tail:
+                spots[index] = (len(out) - 1, len(results) + len(tail) - 1)
         else:
-            out.append({"role": "user", "content": extra})
+            out.append({"role": "user", "content": content})
+            if isinstance(content, str) or content:
+                spots[index] = (len(out) - 1, len(content) - 1 if isinstance(content, list) else 0)
         results = []
 
     for index, message in enumerate(messages):
         role = message.get("role")
-        if role == "system" and index == 0:
-            system = message.get("content")
-        elif role == "tool":
-            results.append(_tool_result(message))
-        elif role in ("user", "system", "developer"):
-            flush(message.get("content") if message.get("content") is not None else "")
+        content = message.get("content") if message.get("content") is not None else ""
+        if role == "system" and index == 0 and top_system:
+            continue
+        if role == "tool":
+            results.append((index, _tool_result(message)))
+        elif role == "user":
+            flush(content, index)
         elif role == "assistant":
             flush()
             out.append(_assistant(message))
+            rendered = out[-1]["content"]
+            if rendered:
+                spots[index] = (len(out) - 1, len(rendered) - 1 if isinstance(rendered, list) else 0)
+        else:  # a system message inside the conversation goes back where it was
+            flush()
+            out.append({"role": "system", "content": content})
+            if content:
+                spots[index] = (len(out) - 1, len(content) - 1 if isinstance(content, list) else 0)
     flush()
-    return system, out
+    return out, spots
 
 
 # -- errors, answers, events ------------------------------------------------------------
@@ -305,10 +330,13 @@ class AnthropicMessages:
     def stream_error(self, error: GatewayError) -> bytes:
         return sse(error_body(error))
 
-    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """The client's fields (its system prompt as sent) with `messages` rendered from the projection."""
-        _, rendered = from_neutral(messages)
-        return {**request.params, "messages": rendered}
+    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
+                      stable: Sequence[int] = ()) -> dict[str, Any]:
+        """The client's fields (its system prompt as sent) with `messages` rendered from the projection,
+        and cache markers after the neutral messages `stable` (gateway/cache_markers.py), if any."""
+        rendered, spots = from_neutral(messages, top_system=request.params.get("system") not in (None, []))
+        body = {**request.params, "messages": rendered}
+        return place_markers(body, spots, stable) if stable else body
 
     def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "description": description, "input_schema": schema}

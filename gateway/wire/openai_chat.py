@@ -9,7 +9,7 @@ answers go back unchanged.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
@@ -166,7 +166,8 @@ class OpenAIChat:
     def parse(self, raw: bytes) -> NeutralRequest:
         return parse_chat_body(parse_json_object(raw))
 
-    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
+                      stable: Sequence[int] = ()) -> dict[str, Any]:
         out = {k: v for k, v in request.params.items() if k != "stream_options" or request.stream}
         out["messages"] = messages
         return out

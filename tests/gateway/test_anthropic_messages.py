@@ -262,7 +262,9 @@ def test_tool_results_keep_their_error_flag_and_structure(gateway: RunningGatewa
     with gateway.client() as http:
         structured = http.get(f"/api/artifacts/{by_call['t2']['id']}")
     assert json.loads(structured.content) == [{"type": "text", "text": "b body"}]
-    assert upstream_messages(gateway)[-1]["messages"] == messages  # forwarded as sent
+    forwarded = upstream_messages(gateway)[-1]["messages"]
+    assert forwarded[-1]["content"][-1].pop("cache_control") == {"type": "ephemeral"}  # the gateway's marker
+    assert forwarded == messages  # otherwise forwarded as sent
 
 
 def _two_reads(gateway: RunningGateway) -> tuple[list[dict], str]:
