@@ -24,18 +24,10 @@ from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
 _ARTIFACT_ID = re.compile(r"^(?:art|args)_[0-9a-f]{1,64}$")
-DESCRIPTION = (
-    "Fetch the exact raw content of a compacted tool result or call argument; "
-    "pass the id shown after 'artifact:' (e.g. art_... or args_...)."
-)
+DESCRIPTION = "Exact content of a compacted result: pass the id after 'artifact:'."
 
 
-PARAMETERS = {
-    "type": "object",
-    "properties": {"artifact_id": {"type": "string", "description": "the id after 'artifact:'"}},
-    "required": ["artifact_id"],
-    "additionalProperties": False,
-}
+PARAMETERS = {"type": "object", "properties": {"artifact_id": {"type": "string"}}, "required": ["artifact_id"]}
 
 
 @dataclass

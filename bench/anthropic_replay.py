@@ -1,0 +1,225 @@
+"""The agent traces in Anthropic's format: savings against the Chat path, and what cache markers cost.
+
+    .venv/bin/python bench/anthropic_replay.py [--policy coding-agent] [--json]
+
+Every trace in tests/data/traces is converted to Anthropic Messages requests
+(system, user turns, assistant turns with tool_use blocks, tool_result blocks)
+and replayed turn by turn, three ways, against the fake upstream (whose
+/v1/messages caches only up to `cache_control` markers: reads 0.1x, writes
+1.25x of an input token):
+- through the gateway's /v1/messages, the client marking its system prompt and
+  the last block of each request as Claude Code does (the gateway keeps the
+  first and places its own in the messages);
+- straight to the upstream with those same client markers (the client's own replay);
+- the Chat form of the same trace through the gateway's /v1/chat/completions.
+It prints per trace the forwarded-token reduction in both formats, the prompt
+cost of the gateway against the client's own replay, and invalid requests
+(a tool_use not answered by the next user turn's tool_result).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+from policies.tokens import use_bundled_encodings  # noqa: E402
+
+use_bundled_encodings()
+
+import httpx  # noqa: E402
+
+from tests.conftest import TENANT_KEY, settings_for, start_gateway  # noqa: E402
+from tests.fake_upstream import FakeUpstream  # noqa: E402
+
+TRACES = REPO / "tests" / "data" / "traces"
+MODEL = "claude-sonnet-4-5"
+MARKER = {"type": "ephemeral"}
+READ, WRITE = 0.1, 1.25
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+
+
+def turns(messages: list[dict[str, Any]]) -> list[int]:
+    """The requests an agent sends: one before each assistant message that has a user turn before it."""
+    return [i for i, m in enumerate(messages) if m.get("role") == "assistant"
+            and any(p.get("role") not in ("system", "developer") for p in messages[:i])]
+
+
+def to_anthropic(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """A Chat transcript as Anthropic's system and messages (tool results open the next user turn)."""
+    system = None
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        if role == "system":
+            system = content if system is None else f"{system}\n{content}"
+        elif role == "assistant":
+            blocks = [{"type": "text", "text": content}] if content else []
+            for call in message.get("tool_calls") or []:
+                try:
+                    arguments = json.loads(call["function"]["arguments"] or "{}")
+                except ValueError:
+                    arguments = {"arguments": call["function"]["arguments"]}
+                if not isinstance(arguments, dict):
+                    arguments = {"value": arguments}
+                blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                               "input": arguments})
+            out.append({"role": "assistant", "content": blocks or [{"type": "text", "text": "..."}]})
+        elif role == "tool":
+            block = {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": content or ""}
+            if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], list) and all(
+                    b.get("type") == "tool_result" for b in out[-1]["content"]):
+                out[-1]["content"].append(block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        else:
+            text = content if isinstance(content, str) else json.dumps(content)
+            if out and out[-1]["role"] == "user":
+                out[-1]["content"] = [*out[-1]["content"], {"type": "text", "text": text or "..."}] \
+                    if isinstance(out[-1]["content"], list) else [{"type": "text", "text": out[-1]["content"]},
+                                                                  {"type": "text", "text": text or "..."}]
+            else:
+                out.append({"role": "user", "content": text or "..."})
+    return system, out
+
+
+def tools_of(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    names = sorted({c["function"]["name"] for m in trace["messages"] for c in m.get("tool_calls") or []})
+    return [{"name": n, "description": f"the {n} tool", "input_schema": {"type": "object"}} for n in names]
+
+
+def claude_code_markers(body: dict[str, Any]) -> dict[str, Any]:
+    """The client's markers as Claude Code sets them: its system prompt, and the last block of the request."""
+    out = json.loads(json.dumps(body))
+    if out.get("system"):
+        out["system"] = [{"type": "text", "text": out["system"], "cache_control": MARKER}]
+    last = out["messages"][-1]
+    if isinstance(last["content"], str):
+        last["content"] = [{"type": "text", "text": last["content"]}]
+    last["content"][-1]["cache_control"] = MARKER
+    return out
+
+
+def prompt_cost(usage: dict[str, Any]) -> float:
+    return (usage.get("input_tokens", 0) + WRITE * usage.get("cache_creation_input_tokens", 0)
+            + READ * usage.get("cache_read_input_tokens", 0))
+
+
+def invalid(body: dict[str, Any]) -> int:
+    problems = 0
+    messages = body["messages"]
+    for index, message in enumerate(messages):
+        uses = {b["id"] for b in message["content"] if isinstance(message["content"], list)
+                and b.get("type") == "tool_use"} if message["role"] == "assistant" else set()
+        if uses:
+            following = messages[index + 1]["content"] if index + 1 < len(messages) else []
+            answered = {b.get("tool_use_id") for b in following if isinstance(b, dict)
+                        and b.get("type") == "tool_result"} if isinstance(following, list) else set()
+            problems += uses != answered
+    return problems
+
+
+def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], name: str) -> dict[str, Any]:
+    system, _ = to_anthropic(trace["messages"])
+    tools = tools_of(trace)
+    row: dict[str, Any] = {"trace": name, "turns": 0}
+    gateway_cost = direct_cost = 0.0
+    sent = {"anthropic": 0, "chat": 0}
+    forwarded = {"anthropic": 0, "chat": 0}
+    bad = 0
+    label = {"x-gateway-session": f"bench-{name}"}
+    with httpx.Client(timeout=120) as http:
+        fake.reset()
+        for end in turns(trace["messages"]):
+            _, messages = to_anthropic(trace["messages"][:end])
+            body = {"model": MODEL, "max_tokens": 1024, "messages": messages, "tools": tools,
+                    **({"system": system} if system else {})}
+            response = http.post(f"{gateway_url}/v1/messages", json=claude_code_markers(body),
+                                 headers={"x-api-key": TENANT_KEY, **label})
+            response.raise_for_status()
+            gateway_cost += prompt_cost(response.json()["usage"])
+            sent["anthropic"] += int(response.headers["x-gateway-tokens-original"])
+            forwarded["anthropic"] += int(response.headers["x-gateway-tokens-forwarded"])
+            bad += invalid(fake.requests[-1]["body"])
+            row["turns"] += 1
+        fake.reset()
+        for end in turns(trace["messages"]):
+            _, messages = to_anthropic(trace["messages"][:end])
+            body = {"model": MODEL, "max_tokens": 1024, "messages": messages, "tools": tools,
+                    **({"system": system} if system else {})}
+            response = http.post(f"{fake.url}/v1/messages", json=claude_code_markers(body))
+            direct_cost += prompt_cost(response.json()["usage"])
+        fake.reset()
+        for end in turns(trace["messages"]):
+            body = {"model": "fake", "messages": trace["messages"][:end]}
+            response = http.post(f"{gateway_url}/v1/chat/completions", json=body,
+                                 headers={"Authorization": f"Bearer {TENANT_KEY}", **label})
+            response.raise_for_status()
+            sent["chat"] += int(response.headers["x-gateway-tokens-original"])
+            forwarded["chat"] += int(response.headers["x-gateway-tokens-forwarded"])
+    calls = sum(len(m.get("tool_calls") or []) for m in trace["messages"])
+    row.update(
+        tool_calls=calls,
+        reduction_anthropic=round(1 - forwarded["anthropic"] / sent["anthropic"], 4),
+        reduction_chat=round(1 - forwarded["chat"] / sent["chat"], 4),
+        cost_vs_client=round(gateway_cost / direct_cost, 4) if direct_cost else 1.0,
+        invalid_requests=bad,
+    )
+    return row
+
+
+def run(policy: str = "coding-agent") -> list[dict[str, Any]]:
+    rows = []
+    with FakeUpstream() as fake, tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        models = [{"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_base": fake.url,
+                                                           "api_key": "sk-upstream"}},
+                  {"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": fake.api_base,
+                                                       "api_key": "sk-upstream"}}]
+        tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": policy}]
+        settings = settings_for(fake.api_base, f"sqlite:///{tmp / 'bench.db'}", tmp, models=models, tenants=tenants)
+        gateway, server = start_gateway(settings, fake)
+        try:
+            for path in sorted(TRACES.glob("*.jsonl")):
+                rows.append(replay_trace(gateway.url, fake, load(path), path.stem))
+        finally:
+            server.stop()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", default="coding-agent")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = run(args.policy)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    print(f"command: {' '.join(sys.argv)}; policy {args.policy}; cache reads {READ}x, writes {WRITE}x")
+    print(f"{'trace':<52} {'turns':>5} {'calls':>5} {'cut msgs':>9} {'cut chat':>9} {'diff pp':>8} "
+          f"{'cost vs client':>15} {'invalid':>8}")
+    for row in rows:
+        diff = (row["reduction_anthropic"] - row["reduction_chat"]) * 100
+        print(f"{row['trace']:<52} {row['turns']:>5} {row['tool_calls']:>5} {row['reduction_anthropic']:>9.1%} "
+              f"{row['reduction_chat']:>9.1%} {diff:>8.2f} {row['cost_vs_client']:>15.3f} {row['invalid_requests']:>8}")
+    heavy = [r["cost_vs_client"] for r in rows if r["tool_calls"] >= 20]
+    print(f"cost vs the client's own replay: max {max(r['cost_vs_client'] for r in rows):.3f}, median over "
+          f"traces with 20+ tool calls {statistics.median(heavy):.3f}; largest reduction gap "
+          f"{max(abs(r['reduction_anthropic'] - r['reduction_chat']) for r in rows) * 100:.2f} pp; invalid requests "
+          f"{sum(r['invalid_requests'] for r in rows)}")
+
+
+if __name__ == "__main__":
+    main()
