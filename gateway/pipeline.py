@@ -155,12 +155,22 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
 
 def _stable_ends(policy: Policy, projection: Projection, previous_end: int | None) -> list[int]:
     """Where the forwarded bytes stay the same on later requests, most needed first (for cache markers):
-    the end of this request, the end of the previous one it extends, the epoch boundary."""
-    if not policy.cache_markers or projection.decisions and any(d.action == "omitted" for d in projection.decisions):
-        return [len(projection.messages) - 1] if policy.cache_markers else []
-    ends = [len(projection.messages) - 1]
-    for end in (previous_end, projection.boundary_index):
-        if end is not None and 0 <= end < len(projection.messages) and end not in ends:
+    the end of this request (the next one extends it); the end of the assistant turn that the latest
+    tool results answer (everything before those results stays when the next move compacts them);
+    the epoch boundary (stays until the boundary moves); the end of the previous request (which the
+    provider's 20-block lookback from the first marker usually finds anyway)."""
+    if not policy.cache_markers:
+        return []
+    messages = projection.messages
+    last = len(messages) - 1
+    if any(d.action == "omitted" for d in projection.decisions):  # indices no longer line up
+        return [last]
+    asked = last
+    while asked >= 0 and messages[asked].get("role") == "tool":
+        asked -= 1
+    ends = [last]
+    for end in (asked if asked < last else None, projection.boundary_index, previous_end):
+        if end is not None and 0 <= end < len(messages) and end not in ends:
             ends.append(end)
     return ends
 

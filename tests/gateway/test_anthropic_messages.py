@@ -310,3 +310,18 @@ def test_rehydration_is_answered_inside_the_gateway(gateway: RunningGateway, str
     assert_valid_anthropic_request(second)
     run = [r for r in gateway.fake.requests if r.get("path") == "/v1/messages"]
     assert len(run) == 2
+
+
+def test_the_chat_path_reaches_an_anthropic_upstream_too(gateway: RunningGateway) -> None:
+    """An OpenAI client's request for a claude-* model goes to the provider's Messages API through LiteLLM."""
+    import openai
+
+    gateway.fake.script(blocks=[{"type": "text", "text": "Hello from Messages"}])
+    sdk = openai.OpenAI(base_url=gateway.api_base, api_key=TENANT_KEY, max_retries=0)
+    completion = sdk.chat.completions.create(model=MODEL, max_tokens=32,
+                                             messages=[{"role": "system", "content": "Be brief."},
+                                                       {"role": "user", "content": "hi"}])
+    assert completion.choices[0].message.content == "Hello from Messages"
+    upstream = gateway.fake.requests[-1]
+    assert upstream["path"] == "/v1/messages" and upstream["body"]["messages"][0]["role"] == "user"
+    assert "Be brief." in json.dumps(upstream["body"]["system"])
