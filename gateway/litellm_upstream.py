@@ -138,6 +138,10 @@ class LiteLLMUpstream:
     async def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         try:
             stream = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=True))
+            if not hasattr(stream, "__aiter__"):  # a whole message (LiteLLM's mock answers so): its events
+                for event in message_events(stream if isinstance(stream, dict) else stream.model_dump()):
+                    yield event
+                return
             frames = SseFrames()
             async for chunk in stream:
                 for event in frames.feed(chunk):
@@ -232,6 +236,31 @@ class SseFrames:
             if isinstance(event, dict):
                 events.append(event)
         return events
+
+
+def message_events(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Anthropic event sequence of a complete message (for an upstream that answered one whole)."""
+    usage = message.get("usage") or {}
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
+    for index, block in enumerate(message.get("content") or []):
+        kind = block.get("type")
+        if kind == "text":
+            opening, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block.get("text", "")}
+        elif kind == "tool_use":
+            opening = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}
+        else:
+            opening, delta = block, None
+        events.append({"type": "content_block_start", "index": index, "content_block": opening})
+        if delta is not None:
+            events.append({"type": "content_block_delta", "index": index, "delta": delta})
+        events.append({"type": "content_block_stop", "index": index})
+    events.append({"type": "message_delta", "delta": {"stop_reason": message.get("stop_reason"),
+                                                      "stop_sequence": message.get("stop_sequence")},
+                   "usage": {"output_tokens": usage.get("output_tokens", 0)}})
+    events.append({"type": "message_stop"})
+    return events
 
 
 def _event_error(event: dict[str, Any]) -> UpstreamError:
