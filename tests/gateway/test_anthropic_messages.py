@@ -31,7 +31,9 @@ FILE = "\n".join(f"{i:4d}  def function_{i}(argument): return argument * {i}  # 
 def gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
     (tmp_path / "eager.yaml").write_text(yaml.safe_dump(EAGER))
     models = [{"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_base": fake.url,
-                                                       "api_key": "sk-upstream"}}]
+                                                       "api_key": "sk-upstream"}},
+              {"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": fake.api_base,
+                                                   "api_key": "sk-upstream"}}]
     tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "eager.yaml"},
                {"id": "globex", "api_keys": [OTHER_TENANT_KEY], "policy": "default", "models": ["claude-*"]}]
     settings = settings_for(fake.api_base, storage_url, tmp_path, models=models, tenants=tenants)
@@ -325,3 +327,36 @@ def test_the_chat_path_reaches_an_anthropic_upstream_too(gateway: RunningGateway
     upstream = gateway.fake.requests[-1]
     assert upstream["path"] == "/v1/messages" and upstream["body"]["messages"][0]["role"] == "user"
     assert "Be brief." in json.dumps(upstream["body"]["system"])
+
+
+def test_an_anthropic_client_reaches_an_openai_wire_model_through_litellms_translation(
+        gateway: RunningGateway) -> None:
+    gateway.fake.script_message({"role": "assistant", "content": "Hello from a Chat model"})
+    with httpx.Client(base_url=gateway.url, headers={"x-api-key": TENANT_KEY}) as http:
+        response = http.post("/v1/messages", json={"model": "fake", "max_tokens": 32, "system": "Be brief.",
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 200, response.text
+    assert response.json()["content"][0]["text"] == "Hello from a Chat model"
+    upstream = gateway.fake.requests[-1]
+    assert "path" not in upstream  # the Chat route of the fake
+    assert upstream["body"]["messages"][0] == {"role": "system", "content": "Be brief."} or \
+        "Be brief." in json.dumps(upstream["body"]["messages"][0])
+
+
+def test_the_ledger_counts_the_providers_cache_reads_and_writes(gateway: RunningGateway) -> None:
+    system = [{"type": "text", "text": "A long and stable system prompt. " * 40, "cache_control": {"type": "ephemeral"}}]
+    ids = []
+    for turn in range(2):
+        gateway.fake.script(blocks=[{"type": "text", "text": f"answer {turn}"}])
+        response = client(gateway).messages.with_raw_response.create(
+            model=MODEL, max_tokens=16, system=system, messages=[{"role": "user", "content": "same question"}])
+        ids.append(response.headers["x-gateway-request-id"])
+    first, second = record(gateway, ids[0]), record(gateway, ids[1])
+    assert first["usage"]["cache_write_tokens"] > 0 and not first["usage"]["cached_tokens"]
+    assert second["usage"]["cached_tokens"] > 0  # read back what the first request wrote
+    assert first["cost_usd"] > 0 and second["cost_usd"] < first["cost_usd"]  # priced by LiteLLM's cost map
+    with gateway.client() as http:
+        totals = http.get("/api/savings").json()["totals"]
+    assert totals["cached_tokens"] == second["usage"]["cached_tokens"]
+    assert totals["cache_write_tokens"] == first["usage"]["cache_write_tokens"] + (
+        second["usage"]["cache_write_tokens"] or 0)
