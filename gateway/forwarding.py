@@ -73,11 +73,12 @@ class Conversation:
     rehydrator: Rehydrator | None
     usage: dict[str, Any] | None = None  # Chat-shaped, summed over rounds
     rounds: int = 0
+    client_store: bool = True  # Responses: whether the client asked the response to be stored
 
-    def extend(self, *messages: dict[str, Any]) -> None:
-        """Append messages (a hidden round) to the upstream request's transcript."""
+    def extend(self, *messages: dict[str, Any], field: str = "messages") -> None:
+        """Append messages (a hidden round) to the upstream request's transcript (`input` for Responses)."""
         body = dict(self.request.body)
-        body["messages"] = [*body["messages"], *messages]
+        body[field] = [*body[field], *messages]
         self.request = replace(self.request, body=body)
 
     def more_rounds_allowed(self) -> bool:

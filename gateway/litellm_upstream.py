@@ -56,6 +56,15 @@ _MESSAGES_PARAMS = frozenset(
         "service_tier", "container", "mcp_servers", "inference_geo", "speed",
     }
 )
+# The Responses fields `litellm.aresponses` takes by name; any other body field goes to the
+# provider in `extra_body`, never as a call option.
+_RESPONSES_PARAMS = frozenset(
+    {
+        "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "include",
+        "prompt_cache_key", "prompt_cache_retention", "store", "metadata", "max_output_tokens", "temperature",
+        "top_p", "truncation", "user", "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs",
+    }
+)
 # Config keys that describe pricing for us, not parameters for the provider.
 _PRICING_KEYS = frozenset(
     {"input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
@@ -148,6 +157,46 @@ class LiteLLMUpstream:
                     if event.get("type") == "error":
                         raise _event_error(event)
                     yield event
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc) from exc
+
+    def _responses_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
+        params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
+        kwargs: dict[str, Any] = {"max_retries": 0, **params}
+        extra_body: dict[str, Any] = dict(kwargs.pop("extra_body", None) or {})
+        for key, value in request.body.items():
+            if key in _RESPONSES_PARAMS:
+                kwargs[key] = value
+            else:
+                extra_body[key] = value
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+        kwargs["timeout"] = request.timeout_seconds
+        kwargs["stream"] = stream
+        if request.extra_headers:
+            kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers}
+        return kwargs
+
+    async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
+        try:
+            response = await litellm.aresponses(**self._responses_kwargs(request, stream=False))
+        except Exception as exc:
+            raise _map_error(exc) from exc
+        body = response if isinstance(response, dict) else response.model_dump(warnings=False)
+        if not isinstance(body.get("output"), list):
+            raise UpstreamInvalidResponse("upstream: the answer is not a response (no output items)")
+        return _drop_none(body, _KEEP_NULL)
+
+    async def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        try:
+            stream = await litellm.aresponses(**self._responses_kwargs(request, stream=True))
+            async for event in stream:
+                data = event if isinstance(event, dict) else event.model_dump(warnings=False)
+                if data.get("type") == "error":
+                    raise upstream_error_for_status(502, f"upstream: {data.get('message') or data}")
+                yield _drop_none(data, _KEEP_NULL)
         except UpstreamError:
             raise
         except Exception as exc:

@@ -6,10 +6,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from starlette.concurrency import run_in_threadpool
+
 from gateway import pipeline
+from gateway.errors import NotFound, PermissionDenied
+from gateway.responses_forwarding import request_id_for
 from gateway.services import PrincipalDep, ServicesDep
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
 from gateway.wire.openai_chat import OPENAI_CHAT
+from gateway.wire.openai_responses import OPENAI_RESPONSES
 
 router = APIRouter()
 
@@ -31,6 +36,37 @@ async def messages(request: Request, services: ServicesDep) -> Response:
 async def count_tokens(request: Request, services: ServicesDep) -> dict[str, int]:
     """The input tokens the gateway would forward for this request (its projection), counted here."""
     return {"input_tokens": await pipeline.count_tokens(request, services, ANTHROPIC_MESSAGES)}
+
+
+@router.post("/v1/responses")
+@router.post("/responses", include_in_schema=False)
+async def responses(request: Request, services: ServicesDep) -> Response:
+    return await pipeline.handle(request, services, OPENAI_RESPONSES)
+
+
+async def _stored_response(services: ServicesDep, principal: PrincipalDep, response_id: str) -> tuple[str, dict[str, Any]]:
+    request_id = request_id_for(response_id)
+    record = await run_in_threadpool(services.store.get_run, request_id, principal.scope()) if request_id else None
+    response = record.run.get("response") if record and record.run.get("wire_format") == "openai.responses" else None
+    if not response or response.get("store") is False:
+        raise NotFound(f"No response with id '{response_id}'.", param="response_id", code="response_not_found")
+    return str(request_id), response
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    """A stored response (the gateway's own record of it), tenant-scoped."""
+    return (await _stored_response(services, principal, response_id))[1]
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    request_id, _ = await _stored_response(services, principal, response_id)
+    tenant = principal.scope()
+    if tenant is None:
+        raise PermissionDenied("an admin key reads responses; deleting one needs its tenant's key")
+    await run_in_threadpool(services.store.forget_response, tenant, request_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
 @router.get("/v1/models")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from gateway import forwarding, messages_forwarding
+from gateway import forwarding, messages_forwarding, responses_forwarding
 from gateway.auth import Principal, authenticate
 from gateway.config import ModelSettings, TenantSettings
 from gateway.errors import (
@@ -29,6 +30,7 @@ from gateway.forwarding import ChatRelay, Conversation
 from gateway.outcomes import Accounting
 from gateway.projection import assembly_record, project, projected_tokens
 from gateway.messages_forwarding import MessagesRelay
+from gateway.responses_forwarding import ResponsesRelay, request_id_for
 from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
@@ -36,6 +38,7 @@ from gateway.services import Services
 from gateway.upstream import UpstreamRequest
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
+from gateway.wire.openai_responses import check_pairs, output_to_neutral
 from gateway.wire.json_body import check_text
 from policies.assembler import Projection, Records
 from policies.policy import Policy
@@ -48,8 +51,9 @@ _PARENT_REQUEST = re.compile(r"^req_[0-9a-f]{32}$")
 _OFF_LOOP_BYTES = 256 * 1024  # bodies past this are parsed and hashed in a worker thread
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")  # the client's, sent on to the provider
 # How each upstream protocol is called: the answer as JSON, and as a relayed stream.
-COMPLETE = {"chat": forwarding.complete, "messages": messages_forwarding.complete}
-RELAYS = {"chat": ChatRelay, "messages": MessagesRelay}
+COMPLETE = {"chat": forwarding.complete, "messages": messages_forwarding.complete,
+            "responses": responses_forwarding.complete}
+RELAYS = {"chat": ChatRelay, "messages": MessagesRelay, "responses": ResponsesRelay}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -150,7 +154,8 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         request_id=run.request_id,
         extra_headers={name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
     )
-    return Conversation(request=upstream_request, rehydrator=rehydrator)
+    return Conversation(request=upstream_request, rehydrator=rehydrator,
+                        client_store=neutral.params.get("store") is not False)
 
 
 def _stable_ends(policy: Policy, projection: Projection, previous_end: int | None) -> list[int]:
@@ -181,6 +186,33 @@ async def _parse(wire: WireFormat, raw: bytes) -> NeutralRequest:
     return wire.parse(raw)
 
 
+async def continued(services: Services, tenant: str, neutral: NeutralRequest) -> NeutralRequest:
+    """A Responses request that names `previous_response_id`, as the whole transcript it continues.
+
+    The gateway holds every transcript it forwarded, so it answers the reference itself, whatever the
+    upstream: the stored request's messages and its response's output, then the new input. As OpenAI
+    does, the earlier request's `instructions` are not carried over.
+    """
+    previous = neutral.previous_response_id or ""
+    request_id = request_id_for(previous)
+    record = await run_in_threadpool(services.store.get_run, request_id, tenant) if request_id else None
+    response = (record.run.get("response") or {}) if record else {}
+    if record is None or not response or record.run.get("wire_format") != "openai.responses" \
+            or not response.get("store", True) \
+            or record.run.get("status") != "ok":
+        raise InvalidRequest(f"Previous response with id '{previous}' not found.", param="previous_response_id",
+                             code="previous_response_not_found")
+    earlier = await run_in_threadpool(services.store.path_messages, record.run["leaf_node_id"])
+    earlier = [{k: v for k, v in m.items() if k != "artifact_id"} for m in earlier]
+    if earlier and earlier[0].get("role") == "system" and "responses_item" not in earlier[0]:
+        earlier = earlier[1:]  # the earlier request's instructions
+    new = neutral.messages
+    instructions = new[:1] if new and new[0].get("role") == "system" and "responses_item" not in new[0] else []
+    messages = [*instructions, *earlier, *output_to_neutral(response.get("output") or []), *new[len(instructions):]]
+    check_pairs(messages)
+    return replace(neutral, messages=messages)
+
+
 def _tenant_principal(request: Request, services: Services) -> Principal:
     principal = authenticate(services.keyring, request.headers.get("authorization"), request.headers.get("x-api-key"))
     if principal.tenant is None:
@@ -208,6 +240,8 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     neutral = await _parse(wire, raw)
     model = _model_for(services, tenant, neutral.model)
     rate_headers = await check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
+    if neutral.previous_response_id is not None:
+        neutral = await continued(services, tenant.id, neutral)
     run = _run_start(request, principal, neutral, model, wire)
     if len(raw) > _OFF_LOOP_BYTES:
         path = await run_in_threadpool(message_path, tenant.id, neutral.messages)

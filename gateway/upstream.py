@@ -49,6 +49,12 @@ class UpstreamClient(Protocol):
     def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         """Anthropic Messages stream events as plain dicts; raises UpstreamError."""
 
+    async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
+        """A Responses object (`request.body` is a Responses request); raises UpstreamError."""
+
+    def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        """Responses stream events as plain dicts; raises UpstreamError."""
+
     def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
         """What the usage cost under the provider's price map, if known."""
 

@@ -79,12 +79,15 @@ def count_text(text: str, name: str = DEFAULT_ENCODING) -> int:
 def content_tokens(content: Any, name: str = DEFAULT_ENCODING) -> int:
     if isinstance(content, str):
         return count_text(content, name)
-    if isinstance(content, list):  # text parts; an Anthropic thinking block's text counts too
-        return sum(
-            count_text(part[key], name)
-            for part in content if isinstance(part, Mapping)
-            for key in ("text", "thinking") if isinstance(part.get(key), str)
-        )
+    if isinstance(content, list):  # text parts; a thinking block's text; the parts of a nested item
+        total = 0
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            total += sum(count_text(part[key], name) for key in ("text", "thinking") if isinstance(part.get(key), str))
+            total += sum(content_tokens(part[key], name) for key in ("content", "summary")
+                         if isinstance(part.get(key), list))
+        return total
     return 0
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from sqlalchemy import delete, exists, select
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -93,6 +93,14 @@ class Deletion(StoreBase):
                 counts["message_nodes"] += session.execute(
                     delete(MessageNode).where(MessageNode.tenant == tenant, MessageNode.id.in_(chunk))).rowcount
         return counts, blob_keys
+
+    def forget_response(self, tenant: str, request_id: str) -> bool:
+        """Drop the answer recorded for a run (DELETE /v1/responses/{id}); the run's accounting stays."""
+        with Session(self.engine) as session, session.begin():
+            return bool(session.execute(
+                update(ModelRun).where(ModelRun.id == request_id, ModelRun.tenant == tenant,
+                                       ModelRun.response_json.is_not(None)).values(response_json=None)
+            ).rowcount)
 
     def collect_blobs(self, keys: Iterable[str]) -> int:
         """Remove the files of `keys` that no artifact names; the number removed."""

@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: python tests/fake_upstream.py
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fake_anthropic import add_messages_routes  # noqa: E402
+from tests.fake_responses import add_responses_routes  # noqa: E402
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Step:
     raw: str | None = None  # answer these bytes as they are (garbage: truncated JSON, HTML, ...)
     content_type: str = "application/json"
     blocks: list[dict[str, Any]] | None = None  # /v1/messages: the Anthropic content blocks to answer
+    items: list[dict[str, Any]] | None = None  # /v1/responses: the output items to answer
     stop_reason: str | None = None  # /v1/messages: default tool_use or end_turn
 
 
@@ -58,6 +60,7 @@ class FakeState:
     # /v1/messages without a scripted step: a function of the request body that gives one (an agent
     # that decides from the conversation, so requests a client makes on the side take nothing away)
     responder: Any = None
+    responses_responder: Any = None  # the same for /v1/responses
     keep_requests: int | None = None  # standalone: remember only the latest N requests
 
     def next_step(self) -> Step:
@@ -183,6 +186,7 @@ def build_app(state: FakeState) -> FastAPI:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     add_messages_routes(app, state)
+    add_responses_routes(app, state)
     return app
 
 

@@ -25,6 +25,7 @@ class NeutralRequest:
     stream: bool
     params: Mapping[str, Any] = field(default_factory=dict)  # every other field, forwarded as the client sent it
     wants_stream_usage: bool = False  # the client asked for the usage chunk at the end of a stream
+    previous_response_id: str | None = None  # Responses: the stored response this request continues
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
