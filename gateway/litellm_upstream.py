@@ -202,6 +202,46 @@ class LiteLLMUpstream:
         except Exception as exc:
             raise _map_error(exc) from exc
 
+    def _plain_kwargs(self, request: UpstreamRequest) -> dict[str, Any]:
+        """Embeddings and completions: the body's fields by name, except anything LiteLLM takes as a call
+        option (those go to the provider in `extra_body`)."""
+        params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
+        kwargs: dict[str, Any] = {"max_retries": 0, **params}
+        extra_body = dict(kwargs.pop("extra_body", None) or {})
+        for key, value in request.body.items():
+            if key in _CALL_OPTIONS or key in params or key.startswith(("api_", "aws_", "vertex_", "litellm_")):
+                extra_body[key] = value
+            else:
+                kwargs[key] = value
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+        kwargs["timeout"] = request.timeout_seconds
+        return kwargs
+
+    async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]:
+        try:
+            response = await litellm.aembedding(**self._plain_kwargs(request))
+        except Exception as exc:
+            raise _map_error(exc) from exc
+        return _drop_none(response.model_dump(), _KEEP_NULL)
+
+    async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]:
+        try:
+            response = await litellm.atext_completion(**self._plain_kwargs(request))
+        except Exception as exc:
+            raise _map_error(exc) from exc
+        return _drop_none(response.model_dump(), _KEEP_NULL)
+
+    async def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        try:
+            chunks = await litellm.atext_completion(**self._plain_kwargs(request), stream=True)
+            async for chunk in chunks:
+                yield _drop_none(chunk if isinstance(chunk, dict) else chunk.model_dump(), _KEEP_NULL)
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc) from exc
+
     async def warm_up(self) -> None:
         """Load what LiteLLM loads on its first call and first stream (offline: a mock answer)."""
         messages = [{"role": "user", "content": "warm up"}]

@@ -8,8 +8,8 @@ from fastapi.responses import Response
 
 from starlette.concurrency import run_in_threadpool
 
-from gateway import pipeline
-from gateway.errors import NotFound, PermissionDenied
+from gateway import passthrough, pipeline
+from gateway.errors import ModelNotFound, NotFound, PermissionDenied
 from gateway.responses_forwarding import request_id_for
 from gateway.services import PrincipalDep, ServicesDep
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
@@ -67,6 +67,30 @@ async def delete_response(response_id: str, principal: PrincipalDep, services: S
         raise PermissionDenied("an admin key reads responses; deleting one needs its tenant's key")
     await run_in_threadpool(services.store.forget_response, tenant, request_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+@router.post("/v1/embeddings")
+@router.post("/embeddings", include_in_schema=False)
+async def embeddings(request: Request, services: ServicesDep) -> Response:
+    return await passthrough.handle(request, services, "embeddings")
+
+
+@router.post("/v1/completions")
+@router.post("/completions", include_in_schema=False)
+async def completions(request: Request, services: ServicesDep) -> Response:
+    return await passthrough.handle(request, services, "completions")
+
+
+@router.get("/v1/models/{model_id:path}")
+@router.get("/models/{model_id:path}", include_in_schema=False)
+async def retrieve_model(model_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    """One model name the caller may use (an exact entry, or a name a wildcard entry matches)."""
+    model = services.settings.model(model_id)
+    allowed = principal.tenant.models if principal.tenant else None
+    if model is None or (allowed is not None and model.name not in allowed):
+        raise ModelNotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
+                            param="model")
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "context-gateway"}
 
 
 @router.get("/v1/models")

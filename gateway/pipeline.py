@@ -93,7 +93,7 @@ async def check_limit(services: Services, tenant: str, kind: str, amount: int, l
     return headers
 
 
-def _header(request: Request, name: str, limit: int = 256) -> str | None:
+def header_value(request: Request, name: str, limit: int = 256) -> str | None:
     value = request.headers.get(name)
     if value is not None and (not value.strip() or len(value) > limit):
         raise InvalidRequest(f"header {name}: 1 to {limit} characters", param=name, code="invalid_header")
@@ -104,15 +104,15 @@ def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, 
                wire: WireFormat) -> RunStart:
     """What the request says about the run: who asks, for which model, in which session."""
     assert principal.tenant is not None
-    parent = _header(request, PARENT_HEADER, 64)
+    parent = header_value(request, PARENT_HEADER, 64)
     if parent is not None and not _PARENT_REQUEST.match(parent):
         raise InvalidRequest(f"header {PARENT_HEADER}: a request id as in x-gateway-request-id (req_...)",
                              param=PARENT_HEADER, code="invalid_header")
-    labels = [_header(request, name) for name in SESSION_HEADERS]
+    labels = [header_value(request, name) for name in SESSION_HEADERS]
     return RunStart(
         request_id=request_id_of(request),
         tenant=principal.tenant.id,
-        participant=_header(request, "x-gateway-participant") or principal.key_id,
+        participant=header_value(request, "x-gateway-participant") or principal.key_id,
         model=neutral.model,
         upstream_model=str(model.litellm_params["model"]),
         stream=neutral.stream,
@@ -122,7 +122,7 @@ def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, 
     )
 
 
-def _model_for(services: Services, tenant: TenantSettings, name: str) -> ModelSettings:
+def model_for(services: Services, tenant: TenantSettings, name: str) -> ModelSettings:
     model = services.settings.model(name)  # an exact name, or a wildcard entry (its name is the pattern)
     if model is None or (tenant.models is not None and model.name not in tenant.models):
         raise ModelNotFound(f"The model '{name}' does not exist or you do not have access to it.", param="model")
@@ -213,7 +213,7 @@ async def continued(services: Services, tenant: str, neutral: NeutralRequest) ->
     return replace(neutral, messages=messages)
 
 
-def _tenant_principal(request: Request, services: Services) -> Principal:
+def tenant_principal(request: Request, services: Services) -> Principal:
     principal = authenticate(services.keyring, request.headers.get("authorization"), request.headers.get("x-api-key"))
     if principal.tenant is None:
         raise PermissionDenied("admin keys read records; model requests need a tenant key")
@@ -222,23 +222,23 @@ def _tenant_principal(request: Request, services: Services) -> Principal:
 
 async def count_tokens(request: Request, services: Services, wire: AnthropicMessages) -> int:
     """Tokens of what would be forwarded: the projection of the request's transcript (nothing is stored)."""
-    principal = _tenant_principal(request, services)
+    principal = tenant_principal(request, services)
     assert principal.tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
     neutral = await run_in_threadpool(wire.parse_count, raw)
-    model = _model_for(services, principal.tenant, neutral.model)
+    model = model_for(services, principal.tenant, neutral.model)
     policy = services.policies[principal.tenant.id]
     return await run_in_threadpool(projected_tokens, policy, model, principal.tenant.id, neutral, services.clock())
 
 
 async def handle(request: Request, services: Services, wire: WireFormat) -> Response:
     """One model request in `wire`'s format, answered in it."""
-    principal = _tenant_principal(request, services)
+    principal = tenant_principal(request, services)
     tenant = principal.tenant
     assert tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
     neutral = await _parse(wire, raw)
-    model = _model_for(services, tenant, neutral.model)
+    model = model_for(services, tenant, neutral.model)
     rate_headers = await check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)

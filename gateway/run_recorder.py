@@ -64,6 +64,11 @@ class RunRecorder:
         self.opened = True
         return result
 
+    async def open(self) -> None:
+        """Open a run that carries no transcript (embeddings, completions): recorded as pending first."""
+        await run_in_threadpool(self.store.open_run, self.start)
+        self.opened = True
+
     def forwarding(self) -> None:
         """The run's latency counts from here: the upstream's time, hidden rounds included."""
         self.started = time.perf_counter()

@@ -55,6 +55,12 @@ class UpstreamClient(Protocol):
     def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         """Responses stream events as plain dicts; raises UpstreamError."""
 
+    async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]: ...
+
+    async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]: ...
+
+    def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]: ...
+
     def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
         """What the usage cost under the provider's price map, if known."""
 

@@ -149,7 +149,7 @@ class Capture(StoreBase):
             parent_request_id=run.parent_request_id,
             model=run.model,
             upstream_model=run.upstream_model,
-            leaf_node_id=path[-1].id,
+            leaf_node_id=path[-1].id if path else run.request_id,
             message_count=len(path),
             stream=run.stream,
             wire_format=run.wire_format,
@@ -333,6 +333,14 @@ class Capture(StoreBase):
                 }
             )
         return rows
+
+    def open_run(self, run: RunStart) -> None:
+        """A pending run without a transcript (embeddings, completions): it is its own conversation,
+        unless a session label names one."""
+        conversation = conversation_id_for(run.tenant, run.session_label, ()) if run.session_label else run.request_id
+        with Session(self.engine) as session, session.begin():
+            row = self._run_row(run, run.request_id, conversation, ())
+            session.add(row)
 
     def finish_run(
         self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None

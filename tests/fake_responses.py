@@ -161,7 +161,19 @@ def add_responses_routes(app: FastAPI, state: "FakeState") -> None:
                                 status_code=step.status)
         text = (step.message or {}).get("content") or " completed text"
         prompt = _tokens(body.get("prompt"))
-        return {"id": f"cmpl-fake-{len(state.requests)}", "object": "text_completion", "created": int(time.time()),
-                "model": body.get("model", "fake"),
-                "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}}
+        base = {"id": f"cmpl-fake-{len(state.requests)}", "object": "text_completion", "created": int(time.time()),
+                "model": body.get("model", "fake")}
+        usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
+        if not body.get("stream"):
+            return {**base, "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+                    "usage": usage}
+
+        async def chunks() -> Any:
+            for start in range(0, len(text), 5):
+                piece = {**base, "choices": [{"index": 0, "text": text[start : start + 5], "finish_reason": None,
+                                              "logprobs": None}]}
+                yield f"data: {json.dumps(piece)}\n\n"
+            yield f"data: {json.dumps({**base, 'choices': [{'index': 0, 'text': '', 'finish_reason': 'stop', 'logprobs': None}], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")

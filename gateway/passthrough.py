@@ -1,0 +1,138 @@
+"""`POST /v1/embeddings` and `POST /v1/completions`: passed through LiteLLM, recorded, not projected.
+
+They carry no transcript, so nothing is captured or assembled: the request is
+checked, its run opened and recorded like any other (usage, cost, latency,
+status; the ledger counts it with nothing saved), and the upstream's answer
+goes back as it came. `/v1/completions` streams too.
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.forwarding import Completion
+from gateway.outcomes import Accounting
+from gateway.pipeline import SESSION_HEADERS, check_limit, header_value, model_for, read_body, tenant_principal
+from gateway.request_id import request_id_of
+from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
+from gateway.services import Services
+from gateway.upstream import UpstreamRequest
+from gateway.wire.json_body import check_text, param_path, parse_json_object
+from gateway.wire.openai_chat import SSE_DONE, error_body, sse_event
+from storage.record_types import RunStart
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _EmbeddingsBody(_Open):
+    model: StrictStr = Field(min_length=1, max_length=256)
+    input: StrictStr | list[StrictStr] | list[int] | list[list[int]]
+
+
+class _CompletionsBody(_Open):
+    model: StrictStr = Field(min_length=1, max_length=256)
+    prompt: StrictStr | list[StrictStr] | list[int] | list[list[int]]
+    stream: StrictBool | None = None
+
+
+def _checked(model: type[BaseModel], body: dict[str, Any]) -> BaseModel:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "int"))))
+        param = param_path(loc)
+        raise InvalidRequest(f"{param}: {'is required' if first['type'] == 'missing' else first['msg']}",
+                             param=param) from exc
+
+
+async def handle(request: Request, services: Services, kind: str) -> Response:
+    """One embeddings or completions request, recorded as a run of wire format `openai.<kind>`."""
+    principal = tenant_principal(request, services)
+    tenant = principal.tenant
+    assert tenant is not None
+    body = parse_json_object(await read_body(request, services.settings.server.max_body_bytes))
+    checked = _checked(_EmbeddingsBody if kind == "embeddings" else _CompletionsBody, body)
+    check_text(checked.model, "model")  # type: ignore[attr-defined]
+    model = model_for(services, tenant, checked.model)  # type: ignore[attr-defined]
+    stream = kind == "completions" and bool(body.get("stream"))
+    headers = await check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
+    labels = [header_value(request, name) for name in SESSION_HEADERS]
+    run = RunStart(request_id=request_id_of(request), tenant=tenant.id,
+                   participant=header_value(request, "x-gateway-participant") or principal.key_id,
+                   model=checked.model, upstream_model=str(model.litellm_params["model"]),  # type: ignore[attr-defined]
+                   stream=stream, session_label=next((label for label in labels if label), None),
+                   wire_format=f"openai.{kind}")
+    upstream = UpstreamRequest(alias=run.model, litellm_params=model.litellm_params,
+                               body={k: v for k, v in body.items() if k not in ("model", "stream")},
+                               timeout_seconds=services.settings.server.upstream_timeout_seconds,
+                               request_id=run.request_id)
+    recorder = RunRecorder(services.store, services.metrics, run, request.scope)
+    async with recorder:
+        await recorder.open()
+        recorder.accounting = Accounting(prices=services.upstream.prices(model.litellm_params), tokens_original=0,
+                                         tokens_forwarded=0, previous_original=0)
+        recorder.forwarding()
+        if stream:
+            return await _stream(services, upstream, recorder, headers)
+        if kind == "embeddings":
+            answer = await services.upstream.embeddings(upstream)
+        else:
+            answer = await services.upstream.text_completion(upstream)
+        await recorder.succeed(_completion(recorder, answer))
+        return JSONResponse(answer, headers=headers)
+
+
+def _completion(recorder: RunRecorder, answer: dict[str, Any]) -> Completion:
+    usage = answer.get("usage") or {}
+    prompt = int(usage.get("prompt_tokens") or 0)
+    assert recorder.accounting is not None
+    recorder.accounting = Accounting(prices=recorder.accounting.prices, tokens_original=prompt,
+                                     tokens_forwarded=prompt, previous_original=0)
+    choices = answer.get("choices") or [{}]
+    return Completion(body=answer, usage=usage or None, finish_reason=choices[0].get("finish_reason"))
+
+
+async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRecorder,
+                  headers: dict[str, str]) -> Response:
+    chunks = services.upstream.stream_text_completion(upstream).__aiter__()
+    try:
+        first: dict[str, Any] | None = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = None
+
+    async def events() -> AsyncIterator[bytes]:
+        text: list[str] = []
+        last: dict[str, Any] = {}
+        try:
+            pending = [first] if first is not None else []
+            async for chunk in _chain(pending, chunks):
+                last = {**last, **{k: v for k, v in chunk.items() if v is not None}}
+                text += [c.get("text") or "" for c in chunk.get("choices") or []]
+                yield sse_event(chunk)
+            finish = next((c.get("finish_reason") for c in last.get("choices") or [] if c.get("finish_reason")), None)
+            answer = {**last, "choices": [{"index": 0, "text": "".join(text), "finish_reason": finish}]}
+            await recorder.succeed(_completion(recorder, answer))
+            yield SSE_DONE
+        except GatewayError as error:
+            await recorder.fail(error)
+            yield sse_event(error_body(error))
+        except Exception as exc:  # a fault of ours mid-stream
+            error = internal_error(exc)
+            await recorder.fail(error, status="internal_error")
+            yield sse_event(error_body(error))
+
+    return RecordedStream(events(), recorder, headers)
+
+
+async def _chain(first: list[dict[str, Any]], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for item in first:
+        yield item
+    async for item in rest:
+        yield item
