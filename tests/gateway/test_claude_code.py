@@ -28,14 +28,15 @@ FINAL = "All six modules read: each defines two hundred small functions."
 
 
 class ClientBodies:
-    """Plain ASGI middleware that keeps what the client sent to /v1/messages (the test's own record)."""
+    """Plain ASGI middleware that keeps what the client sent to one path (the test's own record)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, path: str = "/v1/messages") -> None:
         self.app = app
+        self.path = path
         self.bodies: list[dict[str, Any]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/messages":
+        if scope["type"] != "http" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
