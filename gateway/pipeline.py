@@ -136,7 +136,7 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
 
     The tool is declared from a conversation's first request on (when the client sends tools and the
     policy compacts), not from the first compaction: the tool list opens the prompt, and adding to it
-    later makes the provider's prompt cache miss everything once (measured with bench/anthropic_replay.py:
+    later makes the provider's prompt cache miss everything once (measured with bench/format_replay.py:
     up to 1.3x the client's own cost on a short trace, against at most 1.06x declared from the start).
     """
     body = wire.upstream_body(neutral, projection.messages, _stable_ends(policy, projection, previous_end))

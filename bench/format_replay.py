@@ -1,20 +1,22 @@
-"""The agent traces in Anthropic's format: savings against the Chat path, and what cache markers cost.
+"""The agent traces in every wire format: the same savings, and what Anthropic's cache markers cost.
 
-    .venv/bin/python bench/anthropic_replay.py [--policy coding-agent] [--json]
+    .venv/bin/python bench/format_replay.py [--policy coding-agent] [--json]
 
 Every trace in tests/data/traces is converted to Anthropic Messages requests
 (system, user turns, assistant turns with tool_use blocks, tool_result blocks)
-and replayed turn by turn, three ways, against the fake upstream (whose
-/v1/messages caches only up to `cache_control` markers: reads 0.1x, writes
-1.25x of an input token):
+and to Responses items (instructions, messages, function_call and
+function_call_output items), and replayed turn by turn, four ways, against the
+fake upstream (whose /v1/messages caches only up to `cache_control` markers:
+reads 0.1x, writes 1.25x of an input token):
 - through the gateway's /v1/messages, the client marking its system prompt and
   the last block of each request as Claude Code does (the gateway keeps the
   first and places its own in the messages);
 - straight to the upstream with those same client markers (the client's own replay);
-- the Chat form of the same trace through the gateway's /v1/chat/completions.
-It prints per trace the forwarded-token reduction in both formats, the prompt
-cost of the gateway against the client's own replay, and invalid requests
-(a tool_use not answered by the next user turn's tool_result).
+- the Chat form of the same trace through the gateway's /v1/chat/completions;
+- the Responses form through the gateway's /v1/responses.
+It prints per trace the forwarded-token reduction in every format, the prompt
+cost of the gateway against the client's own Anthropic replay, and invalid
+requests (a call not answered by its result, in either format).
 """
 from __future__ import annotations
 
@@ -93,6 +95,42 @@ def to_anthropic(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[
     return system, out
 
 
+def to_responses(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """A Chat transcript as Responses instructions and input items."""
+    instructions = None
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        if role == "system" and instructions is None and not items:
+            instructions = content
+        elif role == "assistant":
+            if content:
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": content}]})
+            for call in message.get("tool_calls") or []:
+                items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                              "arguments": call["function"]["arguments"] or "{}"})
+        elif role == "tool":
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"], "output": content or ""})
+        else:
+            text = content if isinstance(content, str) else json.dumps(content)
+            items.append({"role": "user" if role != "system" else "system", "content": text or "..."})
+    return instructions, items
+
+
+def unpaired(body: dict[str, Any]) -> int:
+    """Responses input items: calls without an output after them, outputs without a call before them."""
+    open_calls: set[str] = set()
+    problems = 0
+    for item in body["input"]:
+        if item.get("type") == "function_call":
+            open_calls.add(item["call_id"])
+        elif item.get("type") == "function_call_output":
+            problems += item["call_id"] not in open_calls
+            open_calls.discard(item["call_id"])
+    return problems + len(open_calls)
+
+
 def tools_of(trace: dict[str, Any]) -> list[dict[str, Any]]:
     names = sorted({c["function"]["name"] for m in trace["messages"] for c in m.get("tool_calls") or []})
     return [{"name": n, "description": f"the {n} tool", "input_schema": {"type": "object"}} for n in names]
@@ -134,8 +172,8 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
     tools = tools_of(trace)
     row: dict[str, Any] = {"trace": name, "turns": 0}
     gateway_cost = direct_cost = 0.0
-    sent = {"anthropic": 0, "chat": 0}
-    forwarded = {"anthropic": 0, "chat": 0}
+    sent = {"anthropic": 0, "chat": 0, "responses": 0}
+    forwarded = {"anthropic": 0, "chat": 0, "responses": 0}
     bad = 0
     label = {"x-gateway-session": f"bench-{name}"}
     with httpx.Client(timeout=120) as http:
@@ -167,11 +205,24 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
             response.raise_for_status()
             sent["chat"] += int(response.headers["x-gateway-tokens-original"])
             forwarded["chat"] += int(response.headers["x-gateway-tokens-forwarded"])
+        fake.reset()
+        functions = [{"type": "function", "name": t["name"], "parameters": t["input_schema"]} for t in tools]
+        for end in turns(trace["messages"]):
+            instructions, items = to_responses(trace["messages"][:end])
+            body = {"model": "fake", "input": items, "tools": functions,
+                    **({"instructions": instructions} if instructions else {})}
+            response = http.post(f"{gateway_url}/v1/responses", json=body,
+                                 headers={"Authorization": f"Bearer {TENANT_KEY}", **label})
+            response.raise_for_status()
+            sent["responses"] += int(response.headers["x-gateway-tokens-original"])
+            forwarded["responses"] += int(response.headers["x-gateway-tokens-forwarded"])
+            bad += unpaired(fake.requests[-1]["body"])
     calls = sum(len(m.get("tool_calls") or []) for m in trace["messages"])
     row.update(
         tool_calls=calls,
         reduction_anthropic=round(1 - forwarded["anthropic"] / sent["anthropic"], 4),
         reduction_chat=round(1 - forwarded["chat"] / sent["chat"], 4),
+        reduction_responses=round(1 - forwarded["responses"] / sent["responses"], 4),
         cost_vs_client=round(gateway_cost / direct_cost, 4) if direct_cost else 1.0,
         invalid_requests=bad,
     )
@@ -197,6 +248,12 @@ def run(policy: str = "coding-agent") -> list[dict[str, Any]]:
     return rows
 
 
+def gap(row: dict[str, Any]) -> float:
+    """The largest difference between a format's reduction and the Chat path's."""
+    return max(abs(row["reduction_anthropic"] - row["reduction_chat"]),
+               abs(row["reduction_responses"] - row["reduction_chat"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="coding-agent")
@@ -208,16 +265,16 @@ def main() -> None:
             print(json.dumps(row))
         return
     print(f"command: {' '.join(sys.argv)}; policy {args.policy}; cache reads {READ}x, writes {WRITE}x")
-    print(f"{'trace':<52} {'turns':>5} {'calls':>5} {'cut msgs':>9} {'cut chat':>9} {'diff pp':>8} "
+    print(f"{'trace':<52} {'turns':>5} {'calls':>5} {'cut chat':>9} {'cut msgs':>9} {'cut resp':>9} {'max pp':>7} "
           f"{'cost vs client':>15} {'invalid':>8}")
     for row in rows:
-        diff = (row["reduction_anthropic"] - row["reduction_chat"]) * 100
-        print(f"{row['trace']:<52} {row['turns']:>5} {row['tool_calls']:>5} {row['reduction_anthropic']:>9.1%} "
-              f"{row['reduction_chat']:>9.1%} {diff:>8.2f} {row['cost_vs_client']:>15.3f} {row['invalid_requests']:>8}")
+        print(f"{row['trace']:<52} {row['turns']:>5} {row['tool_calls']:>5} {row['reduction_chat']:>9.1%} "
+              f"{row['reduction_anthropic']:>9.1%} {row['reduction_responses']:>9.1%} {gap(row) * 100:>7.2f} "
+              f"{row['cost_vs_client']:>15.3f} {row['invalid_requests']:>8}")
     heavy = [r["cost_vs_client"] for r in rows if r["tool_calls"] >= 20]
     print(f"cost vs the client's own replay: max {max(r['cost_vs_client'] for r in rows):.3f}, median over "
-          f"traces with 20+ tool calls {statistics.median(heavy):.3f}; largest reduction gap "
-          f"{max(abs(r['reduction_anthropic'] - r['reduction_chat']) for r in rows) * 100:.2f} pp; invalid requests "
+          f"traces with 20+ tool calls {statistics.median(heavy):.3f}; largest reduction gap to the Chat path "
+          f"{max(gap(r) for r in rows) * 100:.2f} pp; invalid requests "
           f"{sum(r['invalid_requests'] for r in rows)}")
 
 

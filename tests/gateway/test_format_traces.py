@@ -1,0 +1,24 @@
+"""The shared traces in every wire format (bench/format_replay.py).
+
+The same savings through /v1/messages and /v1/responses as through the Chat path,
+no invalid request, and the prompt cost of the gateway's Anthropic cache markers
+against the client's own replay with Claude Code's markers (the figures the closing
+notes quote; the bounds here guard against regressions).
+"""
+from __future__ import annotations
+
+import statistics
+
+from bench.format_replay import gap, run
+
+
+def test_every_format_saves_alike_and_markers_keep_the_cache() -> None:
+    rows = run("coding-agent")
+    assert len(rows) >= 10
+    for row in rows:
+        assert row["invalid_requests"] == 0, row
+        assert gap(row) <= 0.02, row
+        assert row["cost_vs_client"] <= 1.04, row  # a trace with nothing to compact pays the tool's schema
+    heavy = [row["cost_vs_client"] for row in rows if row["tool_calls"] >= 20]
+    assert statistics.median(heavy) <= 0.90
+    assert sum(row["reduction_anthropic"] > 0.3 for row in rows) >= 6
