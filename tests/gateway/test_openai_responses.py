@@ -228,3 +228,19 @@ def test_rehydration_is_answered_inside_the_gateway(gateway: RunningGateway, str
     answer = second["input"][-1]
     assert answer == {"type": "function_call_output", "call_id": "call_gw", "output": f"SECRET-0\n{OUTPUT}"}
     assert_paired(second)
+
+
+def test_a_provider_without_the_responses_api_is_reached_through_litellms_translation(
+        fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> None:
+    models = [{"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_base": fake.url,
+                                                       "api_key": "sk-upstream"}}]
+    running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, models=models), fake)
+    try:
+        fake.script(blocks=[{"type": "text", "text": "Hello through Messages"}])
+        response = sdk(running).responses.create(model="claude-sonnet-4-5", input="hi", instructions="Be brief.")
+        assert response.output_text == "Hello through Messages"
+        upstream = fake.requests[-1]
+        assert upstream["path"] == "/v1/messages"
+        assert "Be brief." in json.dumps(upstream["body"].get("system"))
+    finally:
+        server.stop()
