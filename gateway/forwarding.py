@@ -50,6 +50,27 @@ class Relay(Protocol):
     def terminal(self) -> bytes: ...
 
 
+class FirstRound:
+    """The first upstream round of a relayed stream: opened before any byte goes to the client (so
+    an error there is an ordinary HTTP error), then replayed from its first event."""
+
+    def __init__(self, events: AsyncIterator[dict[str, Any]]) -> None:
+        self._events = events.__aiter__()
+        self._first: dict[str, Any] | None = None
+
+    async def open(self) -> None:
+        try:
+            self._first = await self._events.__anext__()
+        except StopAsyncIteration:
+            self._first = None
+
+    async def replay(self) -> AsyncIterator[dict[str, Any]]:
+        if self._first is not None:
+            yield self._first
+            async for event in self._events:
+                yield event
+
+
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if not usage:
         return total
@@ -146,26 +167,14 @@ class ChatRelay:
         self.conversation = conversation
         self.request = request
         self.accumulator = StreamAccumulator()
-        self._first_round: AsyncIterator[dict[str, Any]] | None = None
-        self._first: dict[str, Any] | None = None
+        self._first = FirstRound(upstream.stream(conversation.request))
 
     async def start(self) -> None:
-        self._first_round = self.upstream.stream(self.conversation.request).__aiter__()
-        try:
-            self._first = await self._first_round.__anext__()
-        except StopAsyncIteration:
-            self._first = None
-
-    async def _replayed_first_round(self) -> AsyncIterator[dict[str, Any]]:
-        if self._first is not None:
-            yield self._first
-            assert self._first_round is not None
-            async for chunk in self._first_round:
-                yield chunk
+        await self._first.open()
 
     async def events(self) -> AsyncIterator[bytes]:
         accumulator = self.accumulator
-        async for chunk, is_usage in _stream(self.upstream, self.conversation, self._replayed_first_round()):
+        async for chunk, is_usage in _stream(self.upstream, self.conversation, self._first.replay()):
             if is_usage:
                 chunk = {"id": accumulator.id, "created": accumulator.created, "model": accumulator.model, **chunk}
                 accumulator.add(chunk)

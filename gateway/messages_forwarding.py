@@ -16,7 +16,7 @@ import json
 from typing import Any, AsyncIterator
 
 from gateway.errors import UpstreamInvalidResponse
-from gateway.forwarding import Completion, Conversation
+from gateway.forwarding import Completion, Conversation, FirstRound
 from gateway.rehydration import Rehydrator
 from gateway.upstream import UpstreamClient
 from gateway.wire import NeutralRequest
@@ -129,30 +129,18 @@ class MessagesRelay:
         self.visible: list[dict[str, Any]] = []  # the client's message, block by block
         self.usage: dict[str, Any] | None = None
         self.stop_reason: str | None = None
-        self._first_round: AsyncIterator[dict[str, Any]] | None = None
-        self._first: dict[str, Any] | None = None
+        self._first = FirstRound(upstream.stream_messages(conversation.request))
         self._next_index = 0
 
     async def start(self) -> None:
-        self._first_round = self.upstream.stream_messages(self.conversation.request).__aiter__()
-        try:
-            self._first = await self._first_round.__anext__()
-        except StopAsyncIteration:
-            self._first = None
-
-    async def _replayed_first_round(self) -> AsyncIterator[dict[str, Any]]:
-        if self._first is not None:
-            yield self._first
-            assert self._first_round is not None
-            async for event in self._first_round:
-                yield event
+        await self._first.open()
 
     def _index(self) -> int:
         self._next_index += 1
         return self._next_index - 1
 
     async def events(self) -> AsyncIterator[bytes]:
-        events = self._replayed_first_round()
+        events = self._first.replay()
         first = True
         while True:
             current = _Round()

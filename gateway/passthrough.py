@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.forwarding import Completion
+from gateway.forwarding import Completion, FirstRound
 from gateway.outcomes import Accounting
 from gateway.pipeline import SESSION_HEADERS, check_limit, header_value, model_for, read_body, tenant_principal
 from gateway.request_id import request_id_of
@@ -101,18 +101,14 @@ def _completion(recorder: RunRecorder, answer: dict[str, Any]) -> Completion:
 
 async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRecorder,
                   headers: dict[str, str]) -> Response:
-    chunks = services.upstream.stream_text_completion(upstream).__aiter__()
-    try:
-        first: dict[str, Any] | None = await chunks.__anext__()
-    except StopAsyncIteration:
-        first = None
+    chunks = FirstRound(services.upstream.stream_text_completion(upstream))
+    await chunks.open()  # an error before the first chunk is an ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:
         text: list[str] = []
         last: dict[str, Any] = {}
         try:
-            pending = [first] if first is not None else []
-            async for chunk in _chain(pending, chunks):
+            async for chunk in chunks.replay():
                 last = {**last, **{k: v for k, v in chunk.items() if v is not None}}
                 text += [c.get("text") or "" for c in chunk.get("choices") or []]
                 yield sse_event(chunk)
@@ -129,10 +125,3 @@ async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRe
             yield sse_event(error_body(error))
 
     return RecordedStream(events(), recorder, headers)
-
-
-async def _chain(first: list[dict[str, Any]], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    for item in first:
-        yield item
-    async for item in rest:
-        yield item

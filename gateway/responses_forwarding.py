@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from gateway.errors import UpstreamInvalidResponse
-from gateway.forwarding import Completion, Conversation
+from gateway.forwarding import Completion, Conversation, FirstRound
 from gateway.rehydration import Rehydrator
 from gateway.upstream import UpstreamClient
 from gateway.wire import NeutralRequest
@@ -117,23 +117,11 @@ class ResponsesRelay:
         self.output: list[dict[str, Any]] = []
         self.usage: dict[str, Any] | None = None
         self._sequence = 0
-        self._first_round: AsyncIterator[dict[str, Any]] | None = None
-        self._first: dict[str, Any] | None = None
+        self._first = FirstRound(upstream.stream_responses(conversation.request))
         self._terminal: dict[str, Any] | None = None
 
     async def start(self) -> None:
-        self._first_round = self.upstream.stream_responses(self.conversation.request).__aiter__()
-        try:
-            self._first = await self._first_round.__anext__()
-        except StopAsyncIteration:
-            self._first = None
-
-    async def _replayed_first_round(self) -> AsyncIterator[dict[str, Any]]:
-        if self._first is not None:
-            yield self._first
-            assert self._first_round is not None
-            async for event in self._first_round:
-                yield event
+        await self._first.open()
 
     def _emit(self, event: dict[str, Any]) -> bytes:
         event = {**event, "sequence_number": self._sequence}
@@ -144,7 +132,7 @@ class ResponsesRelay:
         return _as_clients(response, self.response_id, self.conversation)
 
     async def events(self) -> AsyncIterator[bytes]:
-        events = self._replayed_first_round()
+        events = self._first.replay()
         first = True
         while True:
             offset = len(self.output)

@@ -53,6 +53,16 @@ OTHER_TENANT_KEY = "sk-globex-1"
 ADMIN_KEY = "sk-admin"
 
 
+def installed(path: Path, install_hint: str) -> Path:
+    """A client CLI the tests drive, or a skip (a failure under GATEWAY_TEST_REQUIRE_SERVICES=1) that says why."""
+    if not path.exists():
+        message = f"{path} not found: {install_hint}"
+        if REQUIRE_SERVICES:
+            pytest.fail(f"{message}; GATEWAY_TEST_REQUIRE_SERVICES=1 makes it mandatory")
+        pytest.skip(message)
+    return path
+
+
 def service_unavailable(name: str, error: Exception) -> None:
     message = f"{name} unreachable ({type(error).__name__}: {error})"
     if REQUIRE_SERVICES:

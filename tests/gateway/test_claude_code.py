@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from gateway.app import create_app
-from tests.conftest import REQUIRE_SERVICES, TENANT_KEY, RunningGateway, settings_for
+from tests.conftest import TENANT_KEY, RunningGateway, installed, settings_for
 from tests.fake_upstream import FakeUpstream, ServerThread, Step
 from tests.gateway.test_anthropic_messages import assert_valid_anthropic_request
 
@@ -77,12 +77,7 @@ def agent(paths: list[Path]) -> Any:
 
 @pytest.fixture
 def claude() -> Path:
-    if not CLAUDE.exists():
-        message = f"{CLAUDE} not found: `npm install --prefix tests/clients` installs the pinned Claude Code"
-        if REQUIRE_SERVICES:
-            pytest.fail(f"{message}; GATEWAY_TEST_REQUIRE_SERVICES=1 makes it mandatory")
-        pytest.skip(message)
-    return CLAUDE
+    return installed(CLAUDE, "`npm install --prefix tests/clients` installs the pinned Claude Code")
 
 
 @pytest.fixture

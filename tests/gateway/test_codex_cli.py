@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from gateway.app import create_app
-from tests.conftest import REQUIRE_SERVICES, TENANT_KEY, RunningGateway, settings_for
+from tests.conftest import TENANT_KEY, RunningGateway, installed, settings_for
 from tests.fake_upstream import FakeUpstream, ServerThread, Step
 from tests.gateway.test_claude_code import ClientBodies
 from tests.gateway.test_openai_responses import assert_paired
@@ -43,12 +43,7 @@ def model(body: dict[str, Any]) -> Step:
 
 @pytest.fixture
 def codex() -> Path:
-    if not CODEX.exists():
-        message = f"{CODEX} not found: `npm install --prefix tests/clients` installs the pinned Codex CLI"
-        if REQUIRE_SERVICES:
-            pytest.fail(f"{message}; GATEWAY_TEST_REQUIRE_SERVICES=1 makes it mandatory")
-        pytest.skip(message)
-    return CODEX
+    return installed(CODEX, "`npm install --prefix tests/clients` installs the pinned Codex CLI")
 
 
 @pytest.fixture
