@@ -38,6 +38,7 @@ import sqlalchemy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.format_replay import to_anthropic, to_responses  # noqa: E402
 from policies.transcript import artifact_id_for, message_path  # noqa: E402
 from scripts.processes import (  # noqa: E402
     ADMIN_KEY, OTHER_KEY, TENANT_KEY, Gateway, fake_upstream, free_port, load_trace, postgres_schema, print_report,
@@ -60,6 +61,8 @@ class Seeds:
     globex_artifacts: list[str] = field(default_factory=list)
     globex_requests: list[str] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)  # valid chat bodies to mutate
+    messages_bodies: list[dict[str, Any]] = field(default_factory=list)  # the same turns, Anthropic Messages
+    responses_bodies: list[dict[str, Any]] = field(default_factory=list)  # the same turns, Responses
 
 
 @dataclass
@@ -91,6 +94,12 @@ def seed(gateway: Gateway) -> Seeds:
             response.raise_for_status()
             seeds.acme_requests.append(response.headers["x-gateway-request-id"])
             seeds.bodies.append(body)
+            system, converted = to_anthropic(messages[:end])
+            seeds.messages_bodies.append({"model": "claude-sonnet-4-5", "max_tokens": 256, "messages": converted,
+                                          **({"system": system} if system else {})})
+            instructions, items = to_responses(messages[:end])
+            seeds.responses_bodies.append({"model": "fake", "input": items,
+                                           **({"instructions": instructions} if instructions else {})})
         for node, message in zip(message_path("acme", messages), messages):
             if message.get("role") == "tool":
                 seeds.acme_artifacts[artifact_id_for(node.id)] = str(message.get("content") or "").encode()
@@ -262,6 +271,17 @@ def _id(rng: random.Random, seeds: Seeds, kind: str) -> tuple[str, bool]:
 
 def make_call(rng: random.Random, seeds: Seeds) -> Call:
     roll = rng.random()
+    if roll < 0.2:  # the other wire formats, malformed or not
+        path, pool = rng.choice([("/v1/messages", seeds.messages_bodies), ("/v1/responses", seeds.responses_bodies)])
+        body = rng.choice(pool)
+        if rng.random() < 0.25:
+            sound = json.loads(json.dumps(body))
+            sound["stream"] = rng.random() < 0.5
+            raw = json.dumps(sound).encode()
+        else:
+            raw = mutate_body(rng, body)
+        auth = {"x-api-key": TENANT_KEY} if rng.random() < 0.5 else _auth(rng)
+        return Call("POST", path, {**auth, **_gateway_headers(rng, seeds), "Content-Type": "application/json"}, raw)
     if roll < 0.55:  # a malformed model request
         body = mutate_body(rng, rng.choice(seeds.bodies))
         return Call("POST", rng.choice(["/v1/chat/completions", "/chat/completions"]),
@@ -314,21 +334,34 @@ def _check(call: Call, status: int, headers: http.client.HTTPMessage, payload: b
             f"Bearer {OTHER_KEY}", f"Bearer {ADMIN_KEY}")):  # an admin key reads every tenant: no leak
         findings.add(findings.leaks, f"{where} as {str(reader)[:30]}: {payload[:120]!r}")
     content_type = headers.get("content-type", "")
+    anthropic = call.path.startswith(("/v1/messages", "/messages"))
     if status >= 400 and not (call.path.startswith("/dashboard") and "text/html" in content_type):
         try:
-            error = json.loads(payload)["error"]
-            assert set(error) == {"message", "type", "param", "code"}
-            assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
+            _check_error(json.loads(payload), anthropic)
         except Exception:
             findings.add(findings.bad_shapes, f"{where}: {content_type} {payload[:200]!r}")
     if status == 200 and "text/event-stream" in content_type:
         for line in payload.decode("utf-8", "replace").split("\n"):
-            if line.startswith("data: {") and '"error"' in line[:20]:
+            if line.startswith("data: {") and '"error"' in line[:30]:
                 try:
-                    error = json.loads(line[6:])["error"]
-                    assert set(error) == {"message", "type", "param", "code"}
+                    event = json.loads(line[6:])
+                    if call.path.startswith("/v1/responses"):
+                        assert event["type"] == "error" and isinstance(event["message"], str) and "code" in event
+                    else:
+                        _check_error(event, anthropic)
                 except Exception:
                     findings.add(findings.bad_shapes, f"{where}: stream error event {line[:200]}")
+
+
+def _check_error(body: dict[str, Any], anthropic: bool) -> None:
+    """OpenAI's error shape, or Anthropic's under /v1/messages."""
+    if anthropic:
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+        return
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
 
 
 def worker(port: int, calls: list[Call], findings: Findings) -> None:

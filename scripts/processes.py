@@ -85,7 +85,9 @@ def fake_upstream(delay: float = 0.0) -> Iterator[str]:
 def write_config(folder: Path, storage_url: str, upstream: str, **server: Any) -> Path:
     config = {
         "models": [{"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": f"{upstream}/v1",
-                                                        "api_key": "sk-upstream"}}],
+                                                        "api_key": "sk-upstream"}},
+                   {"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_base": upstream,
+                                                            "api_key": "sk-upstream"}}],
         "tenants": [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "coding-agent"},
                     {"id": "globex", "api_keys": [OTHER_KEY], "policy": "default"}],
         "admin_keys": [ADMIN_KEY],
