@@ -43,7 +43,7 @@ from gateway.wire.json_body import check_text
 from policies.assembler import Projection, Records
 from policies.policy import Policy
 from policies.transcript import message_path
-from storage.record_types import AssemblyRecord, RunStart, UnknownParentRequest
+from storage.record_types import AssemblyRecord, RunStart, UnknownParentRequest, UnstorableValue
 
 SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id", "x-claude-code-session-id")
 PARENT_HEADER = "x-gateway-parent-request"
@@ -255,6 +255,8 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         except UnknownParentRequest as exc:
             raise InvalidRequest(f"header {PARENT_HEADER}: no request '{run.parent_request_id}' of this tenant",
                                  param=PARENT_HEADER, code="invalid_header") from exc
+        except UnstorableValue as exc:
+            raise InvalidRequest(f"a value in the request cannot be stored: {exc}", code="invalid_value") from exc
         ingest_ms = (time.perf_counter() - started) * 1000
         policy = services.policies[tenant.id]
         projection, records, assembly_ms = await run_in_threadpool(

@@ -419,12 +419,13 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--log", type=Path, help="keep the gateway's log here (tracebacks of any 5xx)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, fake_upstream() as upstream, postgres_schema() as storage_url:
         config = write_config(Path(tmp), storage_url, upstream, max_body_bytes=MAX_BODY)
-        gateway = Gateway(config, free_port(), Path(tmp) / "gateway.log").start()
+        gateway = Gateway(config, free_port(), args.log or Path(tmp) / "gateway.log").start()
         try:
             seeds = seed(gateway)
             calls = [make_call(rng, seeds) for _ in range(args.requests)]

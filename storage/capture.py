@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session, aliased
 
 from policies.tokens import count_text
@@ -35,6 +35,7 @@ from storage.record_types import (
     RunOutcome,
     RunStart,
     UnknownParentRequest,
+    UnstorableValue,
     as_utc,
     assembly_to_row,
 )
@@ -60,6 +61,8 @@ class Capture(StoreBase):
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
                 return self._ingest(path, run)
+            except DataError as exc:
+                raise UnstorableValue(str(getattr(exc, "orig", exc)).splitlines()[0]) from exc
             except IntegrityError:
                 # A node this path shares went with a conversation deleted meanwhile:
                 # capture again, and the missing nodes are stored anew.

@@ -160,6 +160,11 @@ class RunRecord:
     assembly: AssemblyRecord | None
 
 
+class UnstorableValue(Exception):
+    """A value the database refuses (too long for its column, a character it cannot hold): bad input
+    that the wire format's checks let through. The gateway answers it as a 400, never a 500."""
+
+
 class UnknownParentRequest(Exception):
     """A run names a parent request that is not its tenant's."""
 

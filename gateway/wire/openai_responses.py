@@ -83,6 +83,8 @@ def _check_item(item: Any, param: str) -> None:
             raise InvalidRequest(f"{param}.call_id: at most {ID_MAX} characters", param=f"{param}.call_id")
         if kind in _CALLS:
             check_text(item["name"], f"{param}.name")
+            if not item["name"] or len(item["name"]) > NAME_MAX:
+                raise InvalidRequest(f"{param}.name: 1 to {NAME_MAX} characters", param=f"{param}.name")
             check_text(item[_CALLS[kind]], f"{param}.{_CALLS[kind]}")
         elif not isinstance(item.get("output"), (str, list)):
             raise InvalidRequest(f"{param}.output: a string or a list of parts", param=f"{param}.output")

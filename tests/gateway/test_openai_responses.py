@@ -175,6 +175,8 @@ def test_stored_responses_are_the_tenants_own(gateway: RunningGateway) -> None:
 @pytest.mark.parametrize("items, param", [
     ([{"type": "function_call_output", "call_id": "nope", "output": "x"}], "input[0]"),
     ([{"type": "function_call", "call_id": "c", "name": "f", "arguments": 5}], "input[0].arguments"),
+    ([{"type": "function_call", "call_id": "c", "name": "n" * 300, "arguments": "{}"},
+      {"type": "function_call_output", "call_id": "c", "output": "x"}], "input[0].name"),  # was a 500 on PostgreSQL
     ([{"role": "robot", "content": "x"}], "input[0].role"),
     ([{"role": "user", "content": [{"type": "input_text", "text": 5}]}], "input[0].content[0].text"),
     ("\ud800", None),

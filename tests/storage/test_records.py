@@ -143,3 +143,21 @@ def test_concurrent_ingest_of_one_transcript_stores_it_once(store: RecordStore) 
         t.join()
     assert errors == []
     assert store.count_artifacts("acme") == 2
+
+
+def test_a_value_the_database_refuses_is_unstorable_not_a_crash(postgres_url: str, tmp_path: Path) -> None:
+    """Input checks keep such values out; should one pass them, capture says so and stores nothing.
+    (PostgreSQL enforces column lengths; SQLite does not.)"""
+    from storage.record_types import UnstorableValue
+
+    store = make_store(postgres_url, tmp_path / "blobs")
+    messages = [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "n" * 300, "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    try:
+        with pytest.raises(UnstorableValue):
+            store.ingest(message_path("acme", messages), _run("req_long"))
+        assert store.count_artifacts() == 0
+    finally:
+        store.engine.dispose()
