@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from policies.tokens import use_bundled_encodings
 
@@ -102,37 +102,44 @@ def _wire_params(model: str, custom_provider: str | None) -> tuple[frozenset[str
 class LiteLLMUpstream:
     """Calls providers through `litellm.acompletion`, one call per request."""
 
-    def _kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
+    @staticmethod
+    def _call_kwargs(request: UpstreamRequest, by_name: Callable[[str], bool], *, stream: bool | None = None,
+                     unnamed: str = "extra_body") -> dict[str, Any]:
+        """A LiteLLM call's arguments: the deployment's litellm_params, the body's fields LiteLLM takes by
+        name (`by_name`), and the other body fields in `extra_body`, sent to the provider as the client sent
+        them (`unnamed="drop"`: left out). A body field never becomes a call option."""
         params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
         kwargs: dict[str, Any] = {"max_retries": 0, **params}
         extra_body: dict[str, Any] = dict(kwargs.pop("extra_body", None) or {})
-        supported, openai_wire = _wire_params(str(params["model"]), params.get("custom_llm_provider"))
         for key, value in request.body.items():
-            if key in supported or (key in _NAMED_PARAMS and not openai_wire):
-                kwargs[key] = value  # LiteLLM maps it for the provider (or refuses it)
-            else:
-                extra_body[key] = value  # sent as the client sent it
+            if by_name(key):
+                kwargs[key] = value
+            elif unnamed == "extra_body":
+                extra_body[key] = value
         if extra_body:
             kwargs["extra_body"] = extra_body
         kwargs["timeout"] = request.timeout_seconds
+        if stream is not None:
+            kwargs["stream"] = stream
         if request.extra_headers:
             kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers}
+        return kwargs
+
+    def _kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
+        params = request.litellm_params
+        supported, openai_wire = _wire_params(str(params["model"]), params.get("custom_llm_provider"))
+        # LiteLLM maps a supported param for the provider (or refuses it); anything else goes as sent.
+        kwargs = self._call_kwargs(
+            request, lambda key: key in supported or (key in _NAMED_PARAMS and not openai_wire),
+            stream=True if stream else None)
         if stream:
-            kwargs["stream"] = True
             # Usage is always asked for, so the run is recorded; the caller
             # passes the usage chunk on only if the client asked for it.
             kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
         return kwargs
 
     def _messages_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
-        params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
-        kwargs: dict[str, Any] = {"max_retries": 0, **params}
-        kwargs.update({k: v for k, v in request.body.items() if k in _MESSAGES_PARAMS})
-        kwargs["timeout"] = request.timeout_seconds
-        kwargs["stream"] = stream
-        if request.extra_headers:
-            kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers}
-        return kwargs
+        return self._call_kwargs(request, _MESSAGES_PARAMS.__contains__, stream=stream, unnamed="drop")
 
     async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
         try:
@@ -163,21 +170,7 @@ class LiteLLMUpstream:
             raise _map_error(exc) from exc
 
     def _responses_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
-        params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
-        kwargs: dict[str, Any] = {"max_retries": 0, **params}
-        extra_body: dict[str, Any] = dict(kwargs.pop("extra_body", None) or {})
-        for key, value in request.body.items():
-            if key in _RESPONSES_PARAMS:
-                kwargs[key] = value
-            else:
-                extra_body[key] = value
-        if extra_body:
-            kwargs["extra_body"] = extra_body
-        kwargs["timeout"] = request.timeout_seconds
-        kwargs["stream"] = stream
-        if request.extra_headers:
-            kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers}
-        return kwargs
+        return self._call_kwargs(request, _RESPONSES_PARAMS.__contains__, stream=stream)
 
     async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
         try:
@@ -203,20 +196,11 @@ class LiteLLMUpstream:
             raise _map_error(exc) from exc
 
     def _plain_kwargs(self, request: UpstreamRequest) -> dict[str, Any]:
-        """Embeddings and completions: the body's fields by name, except anything LiteLLM takes as a call
-        option (those go to the provider in `extra_body`)."""
-        params = {k: v for k, v in request.litellm_params.items() if k not in _PRICING_KEYS}
-        kwargs: dict[str, Any] = {"max_retries": 0, **params}
-        extra_body = dict(kwargs.pop("extra_body", None) or {})
-        for key, value in request.body.items():
-            if key in _CALL_OPTIONS or key in params or key.startswith(("api_", "aws_", "vertex_", "litellm_")):
-                extra_body[key] = value
-            else:
-                kwargs[key] = value
-        if extra_body:
-            kwargs["extra_body"] = extra_body
-        kwargs["timeout"] = request.timeout_seconds
-        return kwargs
+        """Embeddings and completions: the body's fields by name, except anything LiteLLM would take as a
+        call option (those go to the provider in `extra_body`)."""
+        params = request.litellm_params
+        return self._call_kwargs(request, lambda key: not (
+            key in _CALL_OPTIONS or key in params or key.startswith(("api_", "aws_", "vertex_", "litellm_"))))
 
     async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]:
         try:

@@ -74,12 +74,11 @@ def _as_call(item: dict[str, Any]) -> dict[str, Any]:
     return {"id": item.get("call_id"), "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
 
 
-async def _answer(conversation: Conversation, calls: list[dict[str, Any]]) -> list[str]:
-    return await conversation.answer([_as_call(c) for c in calls])
-
-
-def _extend(conversation: Conversation, items: list[dict[str, Any]]) -> None:
-    conversation.extend(*items, field="input")
+async def _answer_round(conversation: Conversation, output: list[dict[str, Any]],
+                        calls: list[dict[str, Any]]) -> None:
+    """Answer the round's gateway calls and add the round and its answers to the upstream input."""
+    answers = await conversation.answer([_as_call(c) for c in calls])
+    conversation.extend(*_hidden_round(output, calls, answers), field="input")
 
 
 def _as_clients(response: dict[str, Any], response_id: str, conversation: Conversation) -> dict[str, Any]:
@@ -99,7 +98,7 @@ async def complete(upstream: UpstreamClient, conversation: Conversation) -> Comp
         output = list(response.get("output") or [])
         calls = _gateway_calls(output, conversation.rehydrator)
         if calls and conversation.more_rounds_allowed():
-            _extend(conversation, _hidden_round(output, calls, await _answer(conversation, calls)))
+            await _answer_round(conversation, output, calls)
             continue
         final = _as_clients({**response, "output": [i for i in output if i not in calls],
                              "usage": total or response.get("usage")}, response_id, conversation)
@@ -172,7 +171,7 @@ class ResponsesRelay:
             calls = _gateway_calls(output, self.conversation.rehydrator)
             self.output += [items.get(i, {}) for i in sorted(shown)]
             if calls and self.conversation.more_rounds_allowed() and terminal.get("type") == "response.completed":
-                _extend(self.conversation, _hidden_round(output, calls, await _answer(self.conversation, calls)))
+                await _answer_round(self.conversation, output, calls)
                 events = self.upstream.stream_responses(self.conversation.request).__aiter__()
                 first = False
                 continue

@@ -35,17 +35,23 @@ def input_items(body: dict[str, Any]) -> list[Any]:
     return list(items or [])
 
 
-def usage_for(body: dict[str, Any], earlier: list[list[Any]]) -> dict[str, Any]:
-    items = ([{"instructions": body.get("instructions")}] if body.get("instructions") else []) + input_items(body)
-    prompt = sum(_tokens(i) for i in items) + sum(_tokens(t) for t in body.get("tools") or [])
+def cached_prefix(earlier: list[list[Any]], items: list[Any], tokens: Any) -> int:
+    """The tokens of the longest run of `items` an earlier request (of the last 50) began with."""
     cached = 0
     for previous in earlier[-50:]:
         shared = 0
         for a, b in zip(previous, items):
             if a != b:
                 break
-            shared += _tokens(b)
+            shared += tokens(b)
         cached = max(cached, shared)
+    return cached
+
+
+def usage_for(body: dict[str, Any], earlier: list[list[Any]]) -> dict[str, Any]:
+    items = ([{"instructions": body.get("instructions")}] if body.get("instructions") else []) + input_items(body)
+    prompt = sum(_tokens(i) for i in items) + sum(_tokens(t) for t in body.get("tools") or [])
+    cached = cached_prefix(earlier, items, _tokens)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": 7,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + 7}
 

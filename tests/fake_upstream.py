@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: python tests/fake_upstream.py
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.fake_anthropic import add_messages_routes  # noqa: E402
-from tests.fake_responses import add_responses_routes  # noqa: E402
+from tests.fake_responses import add_responses_routes, cached_prefix  # noqa: E402
 
 
 @dataclass
@@ -79,14 +79,7 @@ def _usage(body: dict[str, Any], step: Step, earlier: list[list[dict[str, Any]]]
         return step.usage
     messages = body.get("messages", [])
     prompt = sum(_message_tokens(m) for m in messages)
-    cached = 0
-    for previous in earlier[-50:]:
-        shared = 0
-        for a, b in zip(previous, messages):
-            if a != b:
-                break
-            shared += _message_tokens(b)
-        cached = max(cached, shared)
+    cached = cached_prefix(earlier, messages, _message_tokens)
     return {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
