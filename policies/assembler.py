@@ -550,7 +550,9 @@ def _fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int
     # 2. drop the oldest droppable units: assistant prose, or whole tool rounds
     dropped: set[int] = set()
     units: list[tuple[int, ...]] = []
-    for index, message in enumerate(state.messages):
+    # prose from the latest round on (a closing answer, a prefill) belongs to the latest exchange
+    latest_start = state.rounds[-1].assistant if state.rounds else len(state.messages)
+    for index, message in enumerate(state.messages[:latest_start]):
         if message.get("role") == "assistant" and not message.get("tool_calls") and index not in latest:
             units.append((index,))
     for rnd in state.rounds:

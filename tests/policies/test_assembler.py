@@ -201,6 +201,22 @@ def test_budget_compacts_then_omits_then_refuses() -> None:
         project(messages, impossible)
 
 
+def test_budget_never_drops_what_follows_the_latest_round() -> None:
+    # Found by the property test in CI: the closing assistant answer (or an Anthropic prefill)
+    # after the latest round was dropped as "old prose" to fit the budget.
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Do the task."},
+                *tool_round("c0", "bash", "ok", command="ls"), *tool_round("c1", "bash", "ok", command="make"),
+                {"role": "assistant", "content": "The build passes now. " * 20}]
+    eager = {"trigger_tokens": 10**9}
+    full, _ = project(messages, policy(compaction=eager))
+    old_round = sum(d.tokens_before for d in full.decisions[2:4])
+    fitted, _ = project(messages, policy(compaction=eager, budget={"max_prompt_tokens": full.tokens_original - old_round}))
+    assert fitted.messages[-1] == messages[-1] and fitted.messages[-3:-1] == messages[-3:-1]
+    assert [d.action for d in fitted.decisions[2:4]] == ["omitted", "omitted"]  # the old round made the room
+    with pytest.raises(ContextBudgetExceeded):  # dropping the old round is not enough: an error, not the answer gone
+        project(messages, policy(compaction=eager, budget={"max_prompt_tokens": full.tokens_original - old_round - 5}))
+
+
 def test_passthrough_forwards_everything() -> None:
     messages = conversation(5)
     projection, _ = project(messages, policy(enabled=False))
