@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from policies.memories import ArtifactView, compact_arguments, render_memory, render_notice
+from policies.memories import ArtifactView, compact_arguments, render_memory, render_notice, terms_of
 from policies.policy import Policy, ToolRule
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
@@ -147,16 +147,81 @@ def _rounds(messages: Sequence[Mapping[str, Any]]) -> list[_Round]:
 
 
 def _argument(arguments: str | None, path: str) -> str | None:
-    """The value at `arguments.x.y` of a call's JSON arguments, canonicalised."""
+    """The value at `arguments.x.y` of a call's JSON arguments, canonicalised (several paths joined
+    by commas: the values together)."""
     try:
-        value: Any = json.loads(arguments or "")
+        parsed: Any = json.loads(arguments or "")
     except ValueError:
         return None
-    for key in path.split(".")[1:]:
-        if not isinstance(value, dict) or key not in value:
+    values = []
+    for one in path.split(","):
+        value = _at(parsed, one.split(".")[1:])
+        if value is _MISSING:
             return None
+        values.append(value)
+    return json.dumps(values[0] if len(values) == 1 else values, sort_keys=True)
+
+
+_MISSING = object()
+
+
+def _at(value: Any, keys: Sequence[str]) -> Any:
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return _MISSING
         value = value[key]
-    return json.dumps(value, sort_keys=True)
+    return value
+
+
+def _revision(view: ArtifactView, path: str) -> tuple[int, float | str] | None:
+    """A result's revision at `arguments.x` or `result.x`, comparable: numbers before strings."""
+    source, _, rest = path.partition(".")
+    try:
+        parsed = json.loads((view.arguments if source == "arguments" else view.content) or "")
+    except ValueError:
+        return None
+    value = _at(parsed, rest.split("."))
+    if value is _MISSING or value is None or isinstance(value, (dict, list, bool)):
+        return None
+    try:
+        return (0, float(value))
+    except (TypeError, ValueError):
+        return (1, str(value))
+
+
+_VOLATILE = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"  # ISO timestamps
+    r"|\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"  # clock times
+    r"|\b\d+(?:\.\d+)?\s?(?:ms|s|sec|secs|seconds)\b"  # elapsed times
+)
+
+
+def _short_values(arguments: Any) -> str:
+    """The short scalar values of a call's JSON arguments (ids, amounts, names), not its commands,
+    paths or file contents: what a later output may echo that matters."""
+    try:
+        value = json.loads(arguments or "")
+    except (TypeError, ValueError):
+        return ""
+    out: list[str] = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, dict):
+            for nested in item.values():
+                walk(nested)
+        elif isinstance(item, list):
+            for nested in item:
+                walk(nested)
+        elif isinstance(item, (int, float)) and not isinstance(item, bool) or isinstance(item, str) and len(item) <= 40:
+            out.append(str(item))
+
+    walk(value)
+    return " ".join(out)
+
+
+def _shown(revision: tuple[int, float | str]) -> str:
+    value = revision[1]
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _age(seconds: float) -> str:
@@ -185,6 +250,9 @@ class _Assembly:
         self._restricted: dict[int, bool] = {}
         self._savings: dict[tuple[int, str | None, str | None], int] = {}
         self._index_later_results()
+        self._index_duplicates()
+        self._term_sources: list[tuple[int, frozenset[str]]] | None = None
+        self._arguments: dict[int, tuple[dict[str, Any], str, int] | None] = {}
 
     # -- facts about one tool message, as of a snapshot (rounds <= upto) ---------
 
@@ -204,7 +272,7 @@ class _Assembly:
             view, rule = self.records.artifacts[index], self.rule(index)
             key = _argument(view.arguments, rule.supersede_on) if rule.supersede_on else None
             keyed = (rule.supersede_on, key) if rule.supersede_on and key is not None else None
-            if keyed and keyed in latest_by_key:
+            if keyed and keyed in latest_by_key and not rule.revision_on:
                 self.superseder[index] = latest_by_key[keyed]
             if view.status == "error":
                 retries = [latest_by_call.get((view.tool_name, view.arguments))]
@@ -217,6 +285,102 @@ class _Assembly:
                 if keyed:
                     latest_by_key[keyed] = index
                 latest_by_call[(view.tool_name, view.arguments)] = index
+        self._index_revisions()
+
+    def _index_revisions(self) -> None:
+        """Where a rule names a revision, the first result (by position) of the same document with a
+        higher revision, or the same revision fetched later, supersedes a result: re-reading an old
+        revision never passes for current."""
+        documents: dict[tuple[str, str], list[int]] = {}
+        self.revision: dict[int, tuple[int, float | str] | None] = {}
+        for index in sorted(self.records.artifacts):
+            view, rule = self.records.artifacts[index], self.rule(index)
+            if not (rule.supersede_on and rule.revision_on):
+                continue
+            key = _argument(view.arguments, rule.supersede_on)
+            if key is not None:
+                documents.setdefault((rule.supersede_on, key), []).append(index)
+                self.revision[index] = _revision(view, rule.revision_on)
+        for members in documents.values():
+            for index in members:
+                mine = self.revision[index]
+                for other in members:
+                    if other == index or self.records.artifacts[other].status != "ok":
+                        continue
+                    theirs = self.revision[other]
+                    if mine is None or theirs is None:
+                        beats = other > index
+                    else:
+                        beats = theirs > mine or (theirs == mine and other > index)
+                    if beats:
+                        self.superseder[index] = other  # members are in order: the first that beats it
+                        break
+
+    def _index_duplicates(self) -> None:
+        """For each ok result, the first earlier ok result with the same output (or the same apart
+        from timestamps and timings) that the requester may see raw."""
+        self.duplicate: dict[int, tuple[int, bool]] = {}  # index -> (earlier index, exact)
+        exact: dict[str, int] = {}
+        loose: dict[str, int] = {}
+        for index in sorted(self.records.artifacts):
+            view = self.records.artifacts[index]
+            if view.status != "ok" or not view.content:
+                continue
+            normal = _VOLATILE.sub("#", view.content)
+            if view.sha256 in exact:
+                self.duplicate[index] = (exact[view.sha256], True)
+            elif normal != view.content and normal in loose:
+                self.duplicate[index] = (loose[normal], False)
+            if self.access(index).raw and not self.restricted(index):
+                exact.setdefault(view.sha256, index)
+                loose.setdefault(normal, index)
+
+    def terms_before(self, index: int) -> frozenset[str]:
+        """Identifiers and amounts the user turns and tool-call arguments named before `index`
+        (only what came before, so a memory renders the same on every later request)."""
+        if self._term_sources is None:
+            self._term_sources = []
+            for position, message in enumerate(self.messages):
+                if message.get("role") == "user":
+                    content = message.get("content")
+                    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+                elif message.get("role") == "assistant" and message.get("tool_calls"):
+                    text = " ".join(_short_values((c.get("function") or {}).get("arguments"))
+                                    for c in message["tool_calls"] if isinstance(c, Mapping))
+                else:
+                    continue
+                if found := terms_of(text):
+                    self._term_sources.append((position, found))
+        return frozenset().union(*(found for position, found in self._term_sources if position < index))
+
+    def compacted_arguments(self, index: int) -> tuple[dict[str, Any], str, int] | None:
+        """The assistant message at `index` with its long call arguments compacted, the first
+        artifact they name and its tokens (None: nothing to compact)."""
+        if index in self._arguments:
+            return self._arguments[index]
+        message = self.messages[index]
+        calls = []
+        changed = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments") or ""
+            ref = self.records.argument_refs.get((index, call.get("id")))
+            if ref and count_text(arguments, self.encoding) >= self.c.argument_min_tokens:
+                new = compact_arguments(arguments, ref, self.c, min_chars=self.c.max_line_chars)
+                if len(new) < len(arguments):
+                    call = {**call, "function": {**function, "arguments": new}}
+                    changed.append(ref)
+            calls.append(call)
+        found = None
+        if changed:
+            compacted = {**message, "tool_calls": calls}
+            found = (compacted, changed[0], message_tokens(compacted, self.encoding))
+        self._arguments[index] = found
+        return found
+
+    def argument_saving(self, index: int) -> int:
+        found = self.compacted_arguments(index)
+        return max(0, self.tokens[index] - found[2]) if found else 0
 
     def _last_index(self, upto: int) -> int:
         return self.rounds[upto - 1].end if upto else -1
@@ -264,10 +428,11 @@ class _Assembly:
         key = (index, stale)
         if key not in self._memory_cache:
             view = self.records.artifacts[index]
-            shared_key = (self.policy.fingerprint, self.encoding, view, stale)
+            terms = self.terms_before(index)
+            shared_key = (self.policy.fingerprint, self.encoding, view, stale, terms)
             found = _RENDERED.get(shared_key)
             if found is None:
-                text = render_memory(view, self.rule(index), self.c, stale)
+                text = render_memory(view, self.rule(index), self.c, stale, terms)
                 found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding))
                 _RENDERED.put(shared_key, found)
             self._memory_cache[key] = found
@@ -275,7 +440,31 @@ class _Assembly:
 
     def superseded_notice(self, index: int, replacement: str) -> str:
         view = self.records.artifacts[index]
+        later = self.superseder[index]
+        if self.revision.get(index) is not None and self.revision.get(later) is not None:
+            return (f"[superseded tool result artifact:{view.artifact_id} (revision {_shown(self.revision[index])}): "
+                    f"replaced by revision {_shown(self.revision[later])}, artifact:{replacement}]")
         return f"[superseded tool result artifact:{view.artifact_id}: replaced by artifact:{replacement}]"
+
+    def duplicate_notice(self, index: int) -> tuple[str, int] | None:
+        """The reference that stands in for a repeated output, and its tokens (None: not a duplicate)."""
+        if index not in self.duplicate:
+            return None
+        earlier, exact = self.duplicate[index]
+        view, first = self.records.artifacts[index], self.records.artifacts[earlier]
+        same = "the same output" if exact else "the same output apart from timestamps and timings"
+        text = (f"[duplicate tool result artifact:{view.artifact_id}: {same} as artifact:{first.artifact_id} "
+                f"({first.tool_name or 'tool'}, {view.content.count(chr(10)) + 1} lines)]")
+        return text, message_tokens({**self.messages[index], "content": text}, self.encoding)
+
+    def compact_form(self, index: int) -> tuple[str, int, str]:
+        """(content, tokens, reason) of an old result compacted: a reference to its earlier duplicate,
+        or its memory."""
+        if (notice := self.duplicate_notice(index)) is not None and notice[1] < self.tokens[index]:
+            earlier = self.records.artifacts[self.duplicate[index][0]].artifact_id
+            return notice[0], notice[1], f"duplicate_of:{earlier}"
+        text, tokens = self.memory(index)
+        return text, tokens, "memory"
 
     def saving(self, index: int, upto: int) -> int:
         """Tokens saved by rendering this result as of round `upto` instead of verbatim."""
@@ -294,9 +483,11 @@ class _Assembly:
             return max(0, self.tokens[index] - message_tokens({**self.messages[index], "content": notice}, self.encoding))
         if self.protected(index, upto):
             return 0
-        if self.tokens[index] < (rule.min_tokens if rule.min_tokens is not None else self.c.min_tokens):
-            return 0
-        return max(0, self.tokens[index] - self.memory(index)[1])
+        _, tokens, reason = self.compact_form(index)
+        if reason == "memory" and self.tokens[index] < (rule.min_tokens if rule.min_tokens is not None
+                                                         else self.c.min_tokens):
+            return 0  # small results stay whole; a repeated one still becomes a reference
+        return max(0, self.tokens[index] - tokens)
 
     # -- epochs ---------------------------------------------------------------
 
@@ -364,8 +555,11 @@ class _Assembly:
             if tail < self.c.trigger_tokens:
                 continue
             savings = {i: self.saving(i, t) for rnd in self.rounds[boundary:eligible] for i in rnd.tools}
+            # the move compacts those rounds' long call arguments too (one more change to pay for)
+            savings.update({rnd.assistant: self.argument_saving(rnd.assistant)
+                            for rnd in self.rounds[boundary:eligible]})
             saving = sum(savings.values())
-            changed = [i for i, v in savings.items() if v > 0]
+            changed = sorted(i for i, v in savings.items() if v > 0)
             # Round t is new to the provider either way; the move makes it read
             # afresh what follows the first message it changes, up to round t-1.
             resent = span(changed[0], previous_end) - saving if changed else 0
@@ -442,8 +636,8 @@ def assemble(
             decide(index, "stale", "stale", text, view.artifact_id)
             continue
         if in_epoch and state.saving(index, snapshot) > 0:
-            text, _ = state.memory(index)
-            decide(index, "compacted", f"epoch:{epoch_round}", text, view.artifact_id)
+            text, _, form = state.compact_form(index)
+            decide(index, "compacted", f"epoch:{epoch_round}" if form == "memory" else form, text, view.artifact_id)
 
     if policy.enabled:
         for rnd in state.rounds[:boundary]:
@@ -503,23 +697,12 @@ def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dic
 
 def _compact_call_arguments(state: _Assembly, index: int, out: list[dict[str, Any]],
                             decisions: dict[int, Decision]) -> None:
-    message = out[index]
-    calls = []
-    changed = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        arguments = function.get("arguments") or ""
-        ref = state.records.argument_refs.get((index, call.get("id")))
-        if ref and count_text(arguments, state.encoding) >= state.c.argument_min_tokens:
-            new = compact_arguments(arguments, ref, state.c, min_chars=state.c.max_line_chars)
-            if len(new) < len(arguments):
-                call = {**call, "function": {**function, "arguments": new}}
-                changed.append(ref)
-        calls.append(call)
-    if changed:
-        out[index] = {**message, "tool_calls": calls}
-        decisions[index] = Decision(index, "assistant", "arguments_compacted", "epoch", changed[0],
-                                    state.tokens[index], message_tokens(out[index], state.encoding))
+    found = state.compacted_arguments(index)
+    if found is not None:
+        message, ref, tokens = found
+        out[index] = {**out[index], "tool_calls": message["tool_calls"]}
+        decisions[index] = Decision(index, "assistant", "arguments_compacted", "epoch", ref,
+                                    state.tokens[index], tokens)
 
 
 def _fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
@@ -539,7 +722,7 @@ def _fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int
             continue
         if state.protected(index, len(state.rounds)):
             continue
-        text, after = state.memory(index)
+        text, after, _ = state.compact_form(index)
         if after < tokens[index]:
             out[index] = {**out[index], "content": text}
             decisions[index] = Decision(index, "tool", "compacted", "over_budget", view.artifact_id,

@@ -54,32 +54,183 @@ def _is_noise(line: str) -> bool:
     return len(line) >= 12 and len(_LETTER.findall(line)) < 0.25 * len(line)
 
 
-def _take(lines: list[str], budget: int, limit: int) -> list[str]:
+@dataclass(frozen=True)
+class Kept:
+    """One line of a memory's excerpt: where it was in the artifact and why it was kept."""
+
+    number: int  # 1-based line of the artifact; 0 for a line the extractor wrote (an outline, a marker)
+    text: str
+    why: str  # head | tail | outline | listing | whole | omitted, or the salience reasons joined by '+'
+    repeats: int = 1  # consecutive identical lines folded into this one
+
+    def render(self) -> str:
+        text = f"{self.text} [x{self.repeats}]" if self.repeats > 1 else self.text
+        return f"L{self.number}: {text}" if self.why not in ("head", "tail", "whole", "outline", "listing",
+                                                              "omitted") else text
+
+
+# Deterministic salience: the lines that carry a decision. Weights rank them when the budget is short.
+_SALIENCE: tuple[tuple[str, int, re.Pattern[str]], ...] = (
+    ("condition", 3, re.compile(
+        r"\b(?:exceptions?|except|unless|only if|provided that|must|shall|never|requires?|required|"
+        r"approvals?|approved|limits?|deadlines?|no later than|at least|at most|prohibited|forbidden|"
+        r"not allowed|mandatory)\b", re.I)),
+    ("negation", 2, re.compile(r"\b(?:not|cannot|never|none|no longer|neither|nor)\b|n't\b", re.I)),
+    ("error", 2, re.compile(
+        r"\b(?:errors?|exception|traceback|failed|failures?|fatal|panic|warnings?|denied|refused|invalid|"
+        r"timed? ?out)\b", re.I)),
+    ("status", 1, re.compile(r"^\W*(?:status|state|result|outcome|decision|resolution)\W*\s*[:=]", re.I)),
+)
+_POLICY_WEIGHT, _MENTIONED_WEIGHT = 4, 3
+_MIN_WEIGHT = 2  # a status field alone does not earn a place
+_TERM = re.compile(r"[A-Za-z0-9$][A-Za-z0-9_\-.,/:]*[A-Za-z0-9%]")
+_CONTINUATION = re.compile(r"^(?:[a-z]|(?:and|or|but|unless|except|then|so)\b)")
+
+
+def terms_of(text: str) -> frozenset[str]:
+    """Identifiers and amounts in `text`: tokens of 3 to 40 characters mixing digits with letters or
+    punctuation (not paths), bare numbers of 4+ digits or with a currency sign."""
+    out = set()
+    for raw in _TERM.findall(text):
+        token = raw.strip(".,:/").lstrip("$").replace(",", "")
+        if "/" in token or len(token) > 40:
+            continue  # paths and URLs: every output of a session echoes its working directory
+        if token.isdigit():
+            if len(token) >= 4 or raw.startswith("$"):  # small bare numbers are line numbers and counts
+                out.add(token)
+        elif len(token) >= 3 and any(ch.isdigit() for ch in token):
+            out.add(token)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class Salience:
+    """What makes a line worth keeping for one memory: built-in rules, the policy's patterns, and the
+    identifiers and amounts the conversation had mentioned before the result."""
+
+    patterns: tuple[str, ...] = ()
+    terms: frozenset[str] = frozenset()
+
+    def reasons(self, line: str) -> tuple[int, str, int]:
+        """(weight, reasons joined by '+', where in the line the first reason starts)."""
+        weight, why, at = 0, [], len(line)
+        for pattern in self.patterns:
+            if found := re.search(pattern, line):
+                weight, why, at = weight + _POLICY_WEIGHT, [*why, "policy"], min(at, found.start())
+                break
+        for name, value, compiled in _SALIENCE:
+            if found := compiled.search(line):
+                weight, why, at = weight + value, [*why, name], min(at, found.start())
+        if self.terms and (named := self.terms & terms_of(line)):
+            weight, why = weight + _MENTIONED_WEIGHT, [*why, "mentioned"]
+            at = min(at, min(line.find(term) for term in named))
+        return weight, "+".join(why), at
+
+
+def _window(line: str, at: int, width: int) -> str:
+    """At most `width` characters of `line` around offset `at` (a third before it), cuts marked."""
+    if len(line) <= width:
+        return line
+    start = max(0, min(at - width // 3, len(line) - width))
+    return ("..." if start else "") + line[start:start + width] + ("..." if start + width < len(line) else "")
+
+
+@dataclass
+class _Line:
+    number: int
+    text: str
+    repeats: int = 1
+
+
+def _folded_lines(text: str) -> list[_Line]:
+    """Non-empty lines, spaces folded, runs of identical lines collapsed with a count."""
+    out: list[_Line] = []
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = " ".join(raw.split())
+        if not line:
+            continue
+        if out and out[-1].text == line:
+            out[-1].repeats += 1
+        else:
+            out.append(_Line(number, line))
+    return out
+
+
+def _take(lines: list[_Line], budget: int, limit: int) -> list[_Line]:
     """Lines from the front of `lines` until `budget` characters are used."""
-    out: list[str] = []
+    out: list[_Line] = []
     used = 0
     for line in lines:
-        clipped = _clip(line, limit)
+        clipped = _clip(line.text, limit)
         if out and used + len(clipped) > budget:
             break
-        out.append(clipped)
+        out.append(line)
         used += len(clipped) + 1
         if used >= budget:
             break
     return out
 
 
-def _text_excerpt(text: str, c: Compaction) -> list[str]:
-    """The opening and the end of a text, by character budget, blank lines and runs of spaces folded."""
-    lines = [" ".join(line.split()) for line in text.split("\n")]
-    lines = [line for line in lines if line and not _is_noise(line)] or [line for line in lines if line]
+def _salient(middle: list[_Line], salience: Salience, budget: int, limit: int) -> dict[int, tuple[str, str]]:
+    """Positions in `middle` worth keeping, with why and the text kept: the heaviest lines first, each
+    cut to a window around what made it count, with the line before it where it reads as a
+    continuation; the first line is kept even if the budget is smaller than it."""
+    scored = []
+    for position, line in enumerate(middle):
+        weight, why, at = salience.reasons(line.text)
+        if weight >= _MIN_WEIGHT:
+            scored.append((-weight, position, why, at))
+    chosen: dict[int, tuple[str, str]] = {}
+    used = 0
+    for _, position, why, at in sorted(scored):
+        room = max(budget - used, 0)
+        if chosen and room < 40:
+            break
+        text = _window(middle[position].text, at, min(limit, max(room, 60)))
+        want = [(position, why, text)]
+        previous = position - 1
+        if previous >= 0 and previous not in chosen and _CONTINUATION.match(middle[position].text):
+            context = middle[previous].text
+            want.insert(0, (previous, "context", _window(context, len(context), min(limit, 60))))
+        cost = sum(len(t) + 8 for p, _, t in want if p not in chosen)
+        if chosen and used + cost > budget:
+            continue
+        for p, reason, t in want:
+            chosen.setdefault(p, (reason, t))
+        used += cost
+    return chosen
+
+
+def _text_excerpt(text: str, c: Compaction, salience: Salience = Salience()) -> list[Kept]:
+    """The opening and the end of a text by character budget, and between them the lines that carry
+    a decision (conditions, negations, errors, status fields, what the conversation mentioned), each
+    with its line number; the gaps say which lines they leave out."""
+    everything = _folded_lines(text)
+    lines = [line for line in everything if not _is_noise(line.text)] or everything
     head = _take(lines, c.head_chars, c.max_line_chars)
     rest = lines[len(head):]
     tail = _take(rest[::-1], c.tail_chars, c.max_line_chars)[::-1] if rest else []
-    omitted = len(rest) - len(tail)
-    if omitted <= 0:
-        return head + tail
-    return [*head, f"[... {omitted} lines omitted ...]", *tail]
+    middle = rest[: len(rest) - len(tail)]
+    picked = _salient(middle, salience, c.salient_chars, c.max_line_chars) if middle else {}
+    kept = [(line, "head", _clip(line.text, c.max_line_chars)) for line in head]
+    kept += [(middle[p], why, shown) for p, (why, shown) in sorted(picked.items())]
+    kept += [(line, "tail", _clip(line.text, c.max_line_chars)) for line in tail]
+    out: list[Kept] = []
+    last = 0  # the last artifact line covered so far
+    total = text.count("\n") + 1
+    for line, why, shown in kept:
+        if out and line.number > last + 1 and _skipped(lines, last, line.number):
+            out.append(Kept(0, f"[... lines {last + 1}-{line.number - 1} omitted ...]", "omitted"))
+        out.append(Kept(line.number, shown, why, line.repeats))
+        last = line.number + line.repeats - 1
+    if kept and last < total and _skipped(lines, last, total + 1):
+        out.append(Kept(0, f"[... lines {last + 1}-{total} omitted ...]", "omitted"))
+    return out
+
+
+def _skipped(lines: list[_Line], after: int, before: int) -> bool:
+    """Whether any kept-worthy line lies strictly between artifact lines `after` and `before`."""
+    return any(after < line.number < before for line in lines)
 
 
 def _json_outline(value: Any, depth: int, width: int) -> str:
@@ -101,7 +252,7 @@ def _json_outline(value: Any, depth: int, width: int) -> str:
     return rendered if len(rendered) <= width else rendered[:width] + '..."'
 
 
-def _json_excerpt(text: str, c: Compaction) -> list[str] | None:
+def _json_excerpt(text: str, c: Compaction) -> list[Kept] | None:
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{":
         return None
@@ -110,32 +261,34 @@ def _json_excerpt(text: str, c: Compaction) -> list[str] | None:
     except ValueError:
         return None
     outline = _json_outline(value, 0, 60)
-    return ["JSON outline: " + _clip(outline, c.head_chars + c.tail_chars)]
+    return [Kept(0, "JSON outline: " + _clip(outline, c.head_chars + c.tail_chars), "outline")]
 
 
-def _listing_excerpt(text: str, c: Compaction) -> list[str] | None:
-    lines = [line for line in text.split("\n") if line.strip()]
-    if len(lines) < 12 or sum(1 for line in lines if _PATH_LIKE.match(line.strip())) < 0.8 * len(lines):
+def _listing_excerpt(text: str, c: Compaction) -> list[Kept] | None:
+    lines = [line for line in _folded_lines(text)]
+    if len(lines) < 12 or sum(1 for line in lines if _PATH_LIKE.match(line.text)) < 0.8 * len(lines):
         return None
-    dirs = sum(1 for line in lines if line.rstrip().endswith("/") or line.startswith("d"))
+    dirs = sum(1 for line in lines if line.text.endswith("/") or line.text.startswith("d"))
     head = _take(lines, c.head_chars + c.tail_chars, c.max_line_chars)
     rest = len(lines) - len(head)
-    summary = f"listing of {len(lines)} entries ({dirs} directories)"
-    return [summary, *head] + ([f"[... {rest} more entries ...]"] if rest > 0 else [])
+    summary = Kept(0, f"listing of {len(lines)} entries ({dirs} directories)", "listing")
+    return [summary, *(Kept(line.number, _clip(line.text, c.max_line_chars), "head", line.repeats) for line in head)] + (
+        [Kept(0, f"[... {rest} more entries ...]", "omitted")] if rest > 0 else [])
 
 
-def _error_excerpt(text: str, c: Compaction) -> list[str]:
+def _error_excerpt(text: str, c: Compaction, salience: Salience) -> list[Kept]:
     if len(text) <= c.error_max_chars:
-        return text.split("\n")
-    return _text_excerpt(text, c)
+        return [Kept(number, line, "whole") for number, line in enumerate(text.split("\n"), start=1)]
+    return _text_excerpt(text, c, salience)
 
 
-def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction) -> list[str]:
-    """The lines of the memory's body, by the rule's extractor."""
+def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction, terms: frozenset[str] = frozenset()) -> list[Kept]:
+    """The lines of the memory's body, by the rule's extractor, each with why it was kept."""
     kind = rule.extractor
     text = view.content
+    salience = Salience(patterns=(*c.salient_patterns, *rule.salient), terms=terms)
     if kind == "error" or (kind == "auto" and view.status == "error"):
-        return _error_excerpt(text, c)
+        return _error_excerpt(text, c, salience)
     if kind in ("json", "auto"):
         lines = _json_excerpt(text, c)
         if lines is not None:
@@ -144,7 +297,7 @@ def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction) -> list[str]:
         lines = _listing_excerpt(text, c)
         if lines is not None:
             return lines
-    return _text_excerpt(text, c)
+    return _text_excerpt(text, c, salience)
 
 
 def _size_note(view: ArtifactView) -> str:
@@ -152,11 +305,12 @@ def _size_note(view: ArtifactView) -> str:
     return f"{lines} lines, {view.tokens} tokens"
 
 
-def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note: str | None = None) -> str:
+def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note: str | None = None,
+                  terms: frozenset[str] = frozenset()) -> str:
     """The compact, model-facing form of one tool result."""
     nonce = view.sha256[:6]
     header = f"[compacted artifact:{view.artifact_id}; {view.tool_name or 'tool'} {view.status}; {_size_note(view)}; untrusted excerpt:]"
-    body = "\n".join(escape_untrusted(line) for line in excerpt(view, rule, c))
+    body = "\n".join(escape_untrusted(line.render()) for line in excerpt(view, rule, c, terms))
     parts = [header]
     if stale_note:
         parts.append(stale_note)

@@ -53,6 +53,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _valid_patterns(patterns: list[str]) -> list[str]:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+    return patterns
+
+
 class ToolRule(_Strict):
     """How results of the tools whose names match `match` are treated."""
 
@@ -69,6 +78,10 @@ class ToolRule(_Strict):
     # participants only as a memory; or only the participant that produced it.
     visibility: Literal["conversation", "memory", "participant"] = "conversation"
     promote_to_parent: bool = False  # a subagent's result of this tool may reach its parent
+    salient: list[str] = Field(default_factory=list)  # regexes: lines worth keeping in this tool's memories
+    # Which value of a result is its revision (e.g. "arguments.version" or "result.revision"): among
+    # results with the same `supersede_on` key, the highest revision supersedes the others.
+    revision_on: str | None = None
 
     @field_validator("match", mode="before")
     @classmethod
@@ -80,12 +93,29 @@ class ToolRule(_Strict):
     def _duration(cls, value: Any) -> int | None:
         return parse_duration(value)
 
-    @field_validator("supersede_on")
+    @field_validator("supersede_on", mode="before")
     @classmethod
-    def _supersede_path(cls, value: str | None) -> str | None:
-        if value is not None and not (value == "arguments" or value.startswith("arguments.")):
+    def _supersede_path(cls, value: Any) -> str | None:
+        if isinstance(value, list):  # several arguments identify the document together
+            if not value or not all(isinstance(v, str) for v in value):
+                raise ValueError("supersede_on is an argument path or a list of them")
+            value = ",".join(value)
+        if value is not None and not all(v == "arguments" or v.startswith("arguments.") for v in str(value).split(",")):
             raise ValueError("supersede_on names the call's arguments, e.g. 'arguments.path'")
         return value
+
+    @field_validator("revision_on")
+    @classmethod
+    def _revision_path(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith("arguments.") or value.startswith("result.")):
+            raise ValueError("revision_on names an argument or a field of a JSON result, "
+                             "e.g. 'arguments.version' or 'result.revision'")
+        return value
+
+    @field_validator("salient")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return _valid_patterns(value)
 
     def matches(self, tool_name: str) -> bool:
         return any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.match)
@@ -108,6 +138,15 @@ class Compaction(_Strict):
     tail_chars: int = Field(240, ge=0)  # ... and its end
     max_line_chars: int = Field(160, ge=20)
     error_max_chars: int = Field(2000, ge=0)  # errors are kept whole up to this
+    # Between the opening and the end, up to this many characters of the lines that carry a
+    # decision (conditions, negations, errors, status fields, identifiers the conversation named).
+    salient_chars: int = Field(160, ge=0)
+    salient_patterns: list[str] = Field(default_factory=list)  # regexes adding to the built-in rules
+
+    @field_validator("salient_patterns")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return _valid_patterns(value)
 
 
 class Budget(_Strict):

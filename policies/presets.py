@@ -19,7 +19,7 @@ _PRESETS: dict[str, dict] = {
         "description": "General tool-using agents: old large tool results become memories in cache-stable epochs.",
         "compaction": {"keep_recent_rounds": 1, "trigger_tokens": 500, "clear_at_least_tokens": 200,
                        "min_tokens": 200, "argument_min_tokens": 200, "head_chars": 100, "tail_chars": 60,
-                       "horizon": 3.0},
+                       "salient_chars": 80, "horizon": 3.0},
     },
     "coding-agent": {
         "name": "coding-agent",
@@ -31,7 +31,7 @@ _PRESETS: dict[str, dict] = {
         # the cache price model; memories are short (the raw bytes stay one call away).
         "compaction": {"keep_recent_rounds": 1, "trigger_tokens": 500, "clear_at_least_tokens": 200,
                        "min_tokens": 150, "argument_min_tokens": 120, "head_chars": 100, "tail_chars": 60,
-                       "horizon": 3.0},
+                       "salient_chars": 80, "horizon": 3.0},
         "tools": [
             {"match": _CODE_READERS, "freshness": "session", "supersede_on": "arguments.path"},
             {"match": ["find", "find_file", "ls", "list_files", "search_dir", "search_file", "grep"],

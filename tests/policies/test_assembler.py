@@ -244,3 +244,86 @@ def test_policy_errors_name_the_field(raw: dict, field: str, words: str) -> None
         policy_from_mapping(raw, "policy.yaml")
     assert caught.value.field == field and words in caught.value.problem
     assert str(caught.value).startswith("policy.yaml: ")
+
+
+def test_a_repeated_output_becomes_a_reference_to_the_first() -> None:
+    listing = "\n".join(f"src/module_{i}.py" for i in range(40))
+    small = "\n".join(f"tests/test_{i}.py::test_case PASSED" for i in range(12)) + "\n12 passed in 0.41s"
+    messages = conversation(0)
+    messages += tool_round("a", "bash", listing, command="ls src")
+    messages += tool_round("b", "bash", "built\n" + BIG, command="make")
+    messages += tool_round("c", "bash", listing, command="ls src")  # exactly the same
+    messages += tool_round("d", "bash", "run at 2026-11-30T06:10:43Z\n" + BIG, command="make test")
+    messages += tool_round("e", "bash", "run at 2026-11-30T07:15:02Z\n" + BIG, command="make test")  # same but the time
+    messages += tool_round("f", "bash", small, command="pytest")
+    messages += tool_round("g", "bash", small.replace("0.41s", "0.39s"), command="pytest")  # small, but repeated
+    messages += tool_round("z", "bash", "ok", command="true")
+    projection, path = project(messages, policy(compaction={"min_tokens": 300}))
+    first = f"art_{path[3].id[:20]}"  # verbatim itself: it is the one the model has seen whole
+    assert projection.decisions[7].reason == f"duplicate_of:{first}"
+    assert projection.messages[7]["content"].startswith("[duplicate tool result artifact:art_")
+    assert f"the same output as artifact:{first}" in projection.messages[7]["content"]
+    assert projection.decisions[11].reason == f"duplicate_of:art_{path[9].id[:20]}"
+    assert "apart from timestamps" in projection.messages[11]["content"]
+    assert projection.tokens_forwarded < projection.tokens_original
+    assert projection.decisions[15].reason.startswith("duplicate_of:")  # under min_tokens, still a reference
+    assert projection.messages[13]["content"] == small  # the first small one stays whole
+    assert protocol_problems(projection.messages) == []
+
+
+def test_a_duplicate_of_a_withheld_result_is_not_a_reference_to_it() -> None:
+    pol = policy(tools=[{"match": ["gmail_*"], "privacy": "restricted"}])
+    mail = "From: ceo\n" + BIG
+    messages = conversation(0) + tool_round("a", "gmail_get", mail, id="1") + tool_round("b", "bash", mail, command="cat")
+    messages += tool_round("z", "bash", "ok", command="true")
+    projection, _ = project(messages, pol)
+    assert projection.decisions[3].action == "withheld"
+    assert projection.decisions[5].reason.startswith("epoch:")  # its own memory, no pointer to a withheld one
+
+
+def test_a_later_revision_supersedes_an_earlier_one_and_not_the_other_way() -> None:
+    pol = policy(tools=[{"match": ["get_document"], "supersede_on": ["arguments.ref"], "revision_on": "arguments.rev"}])
+    def doc(rev: int) -> str:
+        return f"Contract revision {rev}\n" + BIG
+    messages = conversation(0)
+    messages += tool_round("a", "get_document", doc(1), ref="MSA-7", rev=1)
+    messages += tool_round("b", "get_document", doc(2), ref="MSA-7", rev=2)
+    messages += tool_round("c", "get_document", doc(1), ref="MSA-7", rev=1)  # looking back at the old one
+    messages += tool_round("d", "get_document", doc(5), ref="NDA-1", rev=5)  # another document
+    messages += tool_round("z", "bash", "ok", command="true")
+    projection, _ = project(messages, pol)
+    second = projection.decisions[5].artifact_id
+    assert projection.decisions[3].action == "superseded"
+    assert projection.messages[3]["content"].endswith(f"(revision 1): replaced by revision 2, artifact:{second}]")
+    assert projection.decisions[5].action == "compacted"  # the current revision stays as a memory
+    assert projection.decisions[7].action == "superseded" and second in projection.messages[7]["content"]
+    assert projection.decisions[9].action == "compacted"
+
+
+def test_a_revision_can_come_from_the_result() -> None:
+    pol = policy(tools=[{"match": ["get_policy"], "supersede_on": "arguments.doc", "revision_on": "result.version"}])
+    def doc(version: str) -> str:
+        return json.dumps({"version": version, "text": BIG})
+    messages = conversation(0) + tool_round("a", "get_policy", doc("2026-03-01"), doc="refunds")
+    messages += tool_round("b", "get_policy", doc("2025-11-02"), doc="refunds")  # an older one, fetched later
+    messages += tool_round("z", "bash", "ok", command="true")
+    projection, _ = project(messages, pol)
+    assert projection.decisions[3].action == "compacted"
+    assert projection.decisions[5].action == "superseded"
+    assert "(revision 2025-11-02): replaced by revision 2026-03-01" in projection.messages[5]["content"]
+
+
+def test_what_the_user_says_later_never_changes_an_earlier_memory() -> None:
+    note = "\n".join([f"Entry {i}: routine update on the account." for i in range(60)])
+    note = note.replace("Entry 30: routine update", "Entry 30: order QX7781 flagged")
+    messages = conversation(0) + tool_round("a", "crm_notes", note, customer="c1")
+    messages += tool_round("b", "bash", "x" * 10, command="true") + tool_round("z", "bash", "ok", command="true")
+    before, _ = project(messages, policy(compaction={"salient_chars": 0}))
+    later = messages + [{"role": "user", "content": "What happened to QX7781?"}] + tool_round(
+        "y", "bash", "ok", command="true")
+    after, _ = project(later, policy(compaction={"salient_chars": 0}))
+    assert after.messages[3] == before.messages[3]
+    named_first = [{"role": "system", "content": "s"}, {"role": "user", "content": "Look into QX7781."},
+                   *messages[2:]]
+    mentioned, _ = project(named_first, policy())
+    assert "L31: Entry 30: order QX7781 flagged" in mentioned.messages[3]["content"]

@@ -1,0 +1,108 @@
+"""Memories that keep what decides: salient lines, their numbers, folded repeats, stable bytes."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from policies.memories import ArtifactView, Salience, excerpt, render_memory, terms_of
+from policies.policy import Compaction, PolicyError, ToolRule, policy_from_mapping
+
+RULE = ToolRule(match=["*"])
+TIGHT = Compaction(head_chars=60, tail_chars=40, salient_chars=160)
+
+
+def view(text: str, tool: str = "fetch_doc", status: str = "ok") -> ArtifactView:
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return ArtifactView(artifact_id="art_" + digest[:20], tool_name=tool, arguments="{}", status=status,
+                        content=text, sha256=digest, tokens=len(text) // 4, observed_at=0.0)
+
+
+def filler(start: int, count: int) -> list[str]:
+    return [f"Section {i}: general terms about shipping and handling of parcels." for i in range(start, start + count)]
+
+
+def test_an_exception_in_the_middle_is_kept_with_its_line_number() -> None:
+    lines = ["Refund policy, revision 7"] + filler(1, 40)
+    lines[23] = "Refunds over the limit require manager approval unless the order shipped late."
+    kept = excerpt(view("\n".join(lines + ["End of document."])), RULE, TIGHT)
+    salient = [k for k in kept if k.number == 24]
+    assert salient and "require manager approval unless" in salient[0].text
+    assert "condition" in salient[0].why
+    rendered = render_memory(view("\n".join(lines)), RULE, TIGHT)
+    assert "L24: Refunds over the limit require manager approval unless" in rendered
+    assert "[... lines 2-23 omitted ...]" in rendered  # the gaps say exactly which lines are left out
+
+
+def test_a_negation_inside_a_long_note_is_kept_around_where_it_matters() -> None:
+    note = ("Customer called twice about the subscription and the billing address; we reviewed the history of "
+            "the account at length, and after discussion the decision is: do NOT cancel, only pause the plan "
+            "until March, then review.")
+    lines = filler(1, 30) + [note] + filler(31, 30)
+    kept = excerpt(view("\n".join(lines)), RULE, Compaction(head_chars=60, tail_chars=40, salient_chars=80))
+    (line,) = [k for k in kept if k.number == 31]
+    assert "do NOT cancel, only pause" in line.text and line.text.startswith("...")  # a window, cut marked
+    assert len(line.text) <= 160 + 6
+
+
+def test_errors_and_mentioned_identifiers_rank_above_plain_lines() -> None:
+    lines = filler(1, 20) + ["booking ZX81QF status: confirmed"] + filler(21, 20) + ["WARNING: disk nearly full"]
+    lines += filler(41, 20)
+    kept = excerpt(view("\n".join(lines)), RULE, TIGHT, terms=frozenset({"ZX81QF"}))
+    whys = {k.number: k.why for k in kept}
+    assert "mentioned" in whys[21] and "error" in whys[42]
+    without = excerpt(view("\n".join(lines)), RULE, TIGHT)
+    assert 21 not in {k.number for k in without}  # nobody named it: only its status field, not enough
+
+
+def test_policy_patterns_add_salient_lines() -> None:
+    lines = filler(1, 20) + ["Ticket escalated to tier 2"] + filler(21, 20)
+    text = "\n".join(lines)
+    assert 21 not in {k.number for k in excerpt(view(text), RULE, TIGHT)}
+    rule = ToolRule(match=["*"], salient=[r"(?i)escalat"])
+    (line,) = [k for k in excerpt(view(text), rule, TIGHT) if k.number == 21]
+    assert line.why == "policy"
+    everywhere = Compaction(head_chars=60, tail_chars=40, salient_chars=160, salient_patterns=[r"tier \d"])
+    assert 21 in {k.number for k in excerpt(view(text), RULE, everywhere)}
+
+
+def test_runs_of_identical_lines_fold_with_a_count() -> None:
+    text = "\n".join(["building...", *["warning: unused variable x"] * 12, "done"])
+    kept = excerpt(view(text), RULE, Compaction(head_chars=400, tail_chars=40))
+    assert [k.render() for k in kept] == ["building...", "warning: unused variable x [x12]", "done"]
+
+
+def test_memories_are_byte_stable_and_budgeted() -> None:
+    lines = filler(1, 200)
+    for i in range(10, 190, 7):
+        lines[i] = f"Line {i}: must not ship before approval, error code E{i}"
+    text = "\n".join(lines)
+    first = render_memory(view(text), RULE, TIGHT)
+    assert first == render_memory(view(text), RULE, TIGHT)
+    salient = [k for k in excerpt(view(text), RULE, TIGHT) if k.why not in ("head", "tail", "omitted")]
+    assert 1 <= len(salient) and sum(len(k.text) + 8 for k in salient) <= TIGHT.salient_chars + 8
+    assert len(first) < len(text) / 10
+
+
+def test_terms_are_identifiers_and_amounts_not_small_numbers_or_paths() -> None:
+    found = terms_of("Refund $250 for order ORD-5521 placed 2024-05-01 at line 12, see /srv/app/v2/main.py "
+                     "or ticket 48213; IMPORTANT")
+    assert {"250", "ORD-5521", "2024-05-01", "48213"} <= found
+    assert not {"12", "IMPORTANT"} & found and not any("/" in t for t in found)
+
+
+def test_salience_reasons_name_every_rule_that_matched() -> None:
+    weight, why, at = Salience(terms=frozenset({"A1B2"})).reasons("Error: order A1B2 must not ship")
+    assert why == "condition+negation+error+mentioned" and weight >= 9 and at == 0
+
+
+@pytest.mark.parametrize("raw, field", [
+    ({"name": "x", "compaction": {"salient_patterns": ["(unclosed"]}}, "compaction.salient_patterns"),
+    ({"name": "x", "tools": [{"match": "a", "salient": ["[z-a]"]}]}, "tools[0].salient"),
+    ({"name": "x", "tools": [{"match": "a", "supersede_on": "arguments.ref", "revision_on": "ref"}]},
+     "tools[0].revision_on"),
+])
+def test_bad_salience_and_revision_settings_name_their_field(raw: dict, field: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        policy_from_mapping(raw, "policy.yaml")
+    assert caught.value.field == field
