@@ -24,10 +24,26 @@ from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
 _ARTIFACT_ID = re.compile(r"^(?:art|args)_[0-9a-f]{1,64}$")
-DESCRIPTION = "Exact content of a compacted result: pass the id after 'artifact:'."
+DESCRIPTION = ("Exact content of a compacted result: pass the id after 'artifact:'; "
+               "optionally start_line and end_line (as the memory numbers them) for part of it.")
 
 
-PARAMETERS = {"type": "object", "properties": {"artifact_id": {"type": "string"}}, "required": ["artifact_id"]}
+PARAMETERS = {"type": "object", "properties": {"artifact_id": {"type": "string"}, "start_line": {"type": "integer"},
+                                               "end_line": {"type": "integer"}}, "required": ["artifact_id"]}
+
+
+def _line_range(arguments: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """(first, last) 1-based lines asked for, None for the whole; ValueError when they make no sense."""
+    start, end = arguments.get("start_line"), arguments.get("end_line")
+    if start is None and end is None:
+        return None
+    for value in (start, end):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError("start_line and end_line are line numbers from 1")
+    first = start if start is not None else 1
+    if end is not None and end < first:
+        raise ValueError("end_line comes before start_line")
+    return first, end
 
 
 @dataclass
@@ -72,6 +88,10 @@ class Rehydrator:
             artifact_id = str(arguments["artifact_id"]).strip().removeprefix("artifact:")
         except (ValueError, KeyError, TypeError, AttributeError):
             return self._refuse(None, "invalid_arguments", 'pass {"artifact_id": "<id after artifact:>"}')
+        try:
+            lines = _line_range(arguments)
+        except ValueError as problem:
+            return self._refuse(artifact_id, "invalid_arguments", str(problem))
         if artifact_id not in self._lineage:
             # Another branch's artifact exists for this tenant but is not this conversation's;
             # another tenant's (or a made-up id) is indistinguishable from one that does not exist.
@@ -99,7 +119,21 @@ class Rehydrator:
             if found is None:
                 return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
             raw = found[0].encode("utf-8", "surrogatepass")
+        if lines is not None:
+            return self._lines(artifact_id, raw, *lines)
         return self._bounded(artifact_id, raw)
+
+    def _lines(self, artifact_id: str, raw: bytes, first: int, last: int | None) -> str:
+        """Lines `first`..`last` of the artifact, numbered as its memory numbers them, within bounds."""
+        all_lines = raw.decode("utf-8", "replace").split("\n")
+        if first > len(all_lines):
+            return self._refuse(artifact_id, "invalid_arguments",
+                                f"artifact:{artifact_id} has {len(all_lines)} lines; start_line {first} is past its end")
+        last = min(last or len(all_lines), len(all_lines))
+        part = "\n".join(all_lines[first - 1:last]).encode("utf-8", "surrogatepass")
+        body = self._bounded(artifact_id, part)
+        self.decisions[-1]["lines"] = [first, last]
+        return f"[{self.name}: artifact:{artifact_id} lines {first}-{last} of {len(all_lines)}]\n{body}"
 
     def _policy_refusal(self, view: ArtifactView) -> str | None:
         seen = access(self.policy, view, provider=self.provider, participant=self.participant,

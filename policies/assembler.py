@@ -25,7 +25,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from policies.memories import ArtifactView, compact_arguments, render_memory, render_notice, terms_of
+from policies.memories import ArtifactView, compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_of
 from policies.policy import Policy, ToolRule
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
@@ -66,13 +66,17 @@ class Decision:
     artifact_id: str | None = None
     tokens_before: int = 0
     tokens_after: int = 0
+    kept: str = ""  # a memory's lines and why each was kept, e.g. "1-2 head; 24 condition+negation; 80 tail"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "index": self.index, "role": self.role, "action": self.action, "reason": self.reason,
             "artifact_id": self.artifact_id, "tokens_before": self.tokens_before,
             "tokens_after": self.tokens_after,
         }
+        if self.kept:
+            out["kept"] = self.kept
+        return out
 
 
 @dataclass(frozen=True)
@@ -245,7 +249,7 @@ class _Assembly:
         for number, rnd in enumerate(self.rounds, start=1):
             for index in (rnd.assistant, *rnd.tools):
                 self.round_of[index] = number
-        self._memory_cache: dict[tuple[int, str | None], tuple[str, int]] = {}
+        self._memory_cache: dict[tuple[int, str | None], tuple[str, int, str]] = {}
         self._rules: dict[int, ToolRule] = {}
         self._restricted: dict[int, bool] = {}
         self._savings: dict[tuple[int, str | None, str | None], int] = {}
@@ -425,6 +429,14 @@ class _Assembly:
                 f"freshness window ({rule.freshness}); call {refresh} again for current data]")
 
     def memory(self, index: int, stale: str | None = None) -> tuple[str, int]:
+        text, tokens, _ = self._memory(index, stale)
+        return text, tokens
+
+    def kept(self, index: int, stale: str | None = None) -> str:
+        """Which lines the memory of `index` kept, and why (for the assembly record)."""
+        return self._memory(index, stale)[2]
+
+    def _memory(self, index: int, stale: str | None) -> tuple[str, int, str]:
         key = (index, stale)
         if key not in self._memory_cache:
             view = self.records.artifacts[index]
@@ -432,8 +444,10 @@ class _Assembly:
             shared_key = (self.policy.fingerprint, self.encoding, view, stale, terms)
             found = _RENDERED.get(shared_key)
             if found is None:
-                text = render_memory(view, self.rule(index), self.c, stale, terms)
-                found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding))
+                lines = excerpt(view, self.rule(index), self.c, terms)
+                text = render_memory(view, self.rule(index), self.c, stale, lines=lines)
+                found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding),
+                         kept_summary(lines))
                 _RENDERED.put(shared_key, found)
             self._memory_cache[key] = found
         return self._memory_cache[key]
@@ -594,12 +608,13 @@ def assemble(
             break
         trailing.add(index)
 
-    def decide(index: int, action: str, reason: str, content: Any = None, artifact: str | None = None) -> None:
+    def decide(index: int, action: str, reason: str, content: Any = None, artifact: str | None = None,
+               kept: str = "") -> None:
         if content is not None:
             out[index] = {**out[index], "content": content}
         after = message_tokens(out[index], encoding) if content is not None else state.tokens[index]
         decisions[index] = Decision(index, str(messages[index].get("role")), action, reason, artifact,
-                                    state.tokens[index], after)
+                                    state.tokens[index], after, kept)
 
     for index, message in enumerate(messages):
         role = message.get("role")
@@ -615,7 +630,7 @@ def assemble(
             continue
         if seen.level == "memory":
             text, _ = state.memory(index)
-            decide(index, "compacted", str(seen.reason), text, view.artifact_id)
+            decide(index, "compacted", str(seen.reason), text, view.artifact_id, state.kept(index))
             continue
         stale = state.stale_note(index) if index not in trailing else None
         if index in latest and not stale:
@@ -633,11 +648,12 @@ def assemble(
             continue
         if stale:
             text, _ = state.memory(index, stale)
-            decide(index, "stale", "stale", text, view.artifact_id)
+            decide(index, "stale", "stale", text, view.artifact_id, state.kept(index, stale))
             continue
         if in_epoch and state.saving(index, snapshot) > 0:
             text, _, form = state.compact_form(index)
-            decide(index, "compacted", f"epoch:{epoch_round}" if form == "memory" else form, text, view.artifact_id)
+            decide(index, "compacted", f"epoch:{epoch_round}" if form == "memory" else form, text, view.artifact_id,
+                   state.kept(index) if form == "memory" else "")
 
     if policy.enabled:
         for rnd in state.rounds[:boundary]:
@@ -722,11 +738,11 @@ def _fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int
             continue
         if state.protected(index, len(state.rounds)):
             continue
-        text, after, _ = state.compact_form(index)
+        text, after, form = state.compact_form(index)
         if after < tokens[index]:
             out[index] = {**out[index], "content": text}
             decisions[index] = Decision(index, "tool", "compacted", "over_budget", view.artifact_id,
-                                        state.tokens[index], after)
+                                        state.tokens[index], after, state.kept(index) if form == "memory" else "")
             tokens[index] = after
     if sum(tokens) <= budget:
         return out

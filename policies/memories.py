@@ -65,8 +65,8 @@ class Kept:
 
     def render(self) -> str:
         text = f"{self.text} [x{self.repeats}]" if self.repeats > 1 else self.text
-        return f"L{self.number}: {text}" if self.why not in ("head", "tail", "whole", "outline", "listing",
-                                                              "omitted") else text
+        return f"L{self.number}: {text}" if self.number and self.why not in (
+            "head", "tail", "whole", "outline", "listing", "omitted") else text
 
 
 # Deterministic salience: the lines that carry a decision. Weights rank them when the budget is short.
@@ -186,7 +186,7 @@ def _salient(middle: list[_Line], salience: Salience, budget: int, limit: int) -
         room = max(budget - used, 0)
         if chosen and room < 40:
             break
-        text = _window(middle[position].text, at, min(limit, max(room, 60)))
+        text = _window(middle[position].text, at, limit if not chosen else min(limit, max(room, 60)))
         want = [(position, why, text)]
         previous = position - 1
         if previous >= 0 and previous not in chosen and _CONTINUATION.match(middle[position].text):
@@ -252,7 +252,7 @@ def _json_outline(value: Any, depth: int, width: int) -> str:
     return rendered if len(rendered) <= width else rendered[:width] + '..."'
 
 
-def _json_excerpt(text: str, c: Compaction) -> list[Kept] | None:
+def _json_excerpt(text: str, c: Compaction, salience: Salience = Salience()) -> list[Kept] | None:
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{":
         return None
@@ -261,7 +261,33 @@ def _json_excerpt(text: str, c: Compaction) -> list[Kept] | None:
     except ValueError:
         return None
     outline = _json_outline(value, 0, 60)
-    return [Kept(0, "JSON outline: " + _clip(outline, c.head_chars + c.tail_chars), "outline")]
+    shown = _clip(outline, c.head_chars + c.tail_chars)
+    out = [Kept(0, "JSON outline: " + shown, "outline")]
+    # the values the outline does not show already
+    leaves = [_Line(0, f"{path}: {text}") for path, text in _json_leaves(value) if text not in shown]
+    picked = _salient(leaves, salience, c.salient_chars, c.max_line_chars)
+    return out + [Kept(0, shown, why) for _, (why, shown) in sorted(picked.items())]
+
+
+_MAX_LEAVES = 5000
+
+
+def _json_leaves(value: Any) -> list[tuple[str, str]]:
+    """(path, text) of a JSON value's scalars, each line of a long string on its own: where the
+    values that decide sit in an API's answer."""
+    out: list[tuple[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack and len(out) < _MAX_LEAVES:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{key}" if path else str(key), nested) for key, nested in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", nested) for i, nested in reversed(list(enumerate(item))))
+        elif isinstance(item, str):
+            out.extend((path, " ".join(line.split())) for line in item.split("\n") if line.strip())
+        else:
+            out.append((path, json.dumps(item)))
+    return out
 
 
 def _listing_excerpt(text: str, c: Compaction) -> list[Kept] | None:
@@ -290,7 +316,7 @@ def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction, terms: frozenset[
     if kind == "error" or (kind == "auto" and view.status == "error"):
         return _error_excerpt(text, c, salience)
     if kind in ("json", "auto"):
-        lines = _json_excerpt(text, c)
+        lines = _json_excerpt(text, c, salience)
         if lines is not None:
             return lines
     if kind in ("listing", "auto"):
@@ -305,12 +331,28 @@ def _size_note(view: ArtifactView) -> str:
     return f"{lines} lines, {view.tokens} tokens"
 
 
+def kept_summary(lines: list[Kept]) -> str:
+    """Which artifact lines a memory kept and why, runs of one reason joined: "1-3 head; 24 condition"."""
+    parts: list[tuple[int, int, str]] = []
+    for line in lines:
+        if not line.number:
+            continue
+        last = line.number + line.repeats - 1
+        if parts and parts[-1][2] == line.why and parts[-1][1] + 1 >= line.number:
+            parts[-1] = (parts[-1][0], last, line.why)
+        else:
+            parts.append((line.number, last, line.why))
+    return "; ".join(f"{a}-{b} {why}" if b > a else f"{a} {why}" for a, b, why in parts)
+
+
 def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note: str | None = None,
-                  terms: frozenset[str] = frozenset()) -> str:
-    """The compact, model-facing form of one tool result."""
+                  terms: frozenset[str] = frozenset(), lines: list[Kept] | None = None) -> str:
+    """The compact, model-facing form of one tool result (`lines`: its excerpt, if already taken)."""
     nonce = view.sha256[:6]
     header = f"[compacted artifact:{view.artifact_id}; {view.tool_name or 'tool'} {view.status}; {_size_note(view)}; untrusted excerpt:]"
-    body = "\n".join(escape_untrusted(line.render()) for line in excerpt(view, rule, c, terms))
+    if lines is None:
+        lines = excerpt(view, rule, c, terms)
+    body = "\n".join(escape_untrusted(line.render()) for line in lines)
     parts = [header]
     if stale_note:
         parts.append(stale_note)

@@ -116,6 +116,34 @@ def test_model_rehydrates_and_the_client_sees_only_the_answer(gateway: RunningGa
     assert any(d["action"] == "rehydrated" and d["artifact_id"] == artifact_id for d in record["assembly"]["decisions"])
 
 
+def test_model_rehydrates_the_lines_a_memory_points_at(gateway: RunningGateway) -> None:
+    messages = invoice_conversation()
+    artifact_id = compacted_invoice_id(gateway, messages)
+    memory = gateway.fake.last_body()["messages"][3]["content"]
+    assert "[... lines " in memory  # the memory says which lines it leaves out, so a range can be asked for
+    total_line = INVOICE.split("\n").index("TOTAL DUE: 48,213.77 EUR (exact)") + 1
+    messages += [{"role": "assistant", "content": "noted"}, {"role": "user", "content": "What is the exact total?"}]
+    asks = {"artifact_id": f"artifact:{artifact_id}", "start_line": total_line - 1, "end_line": total_line + 1}
+    bad = {"artifact_id": artifact_id, "start_line": 9, "end_line": 3}
+    gateway.fake.reset()
+    for arguments, call_id in ((asks, "gw_1"), (bad, "gw_2")):
+        gateway.fake.script_message({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": "gateway_rehydrate", "arguments": json.dumps(arguments)}}]})
+    gateway.fake.script_message({"role": "assistant", "content": "48,213.77 EUR"})
+    record = send(gateway, messages)
+    part = gateway.fake.requests[1]["body"]["messages"][-1]["content"]
+    lines = INVOICE.split("\n")
+    assert part == (f"[gateway_rehydrate: artifact:{artifact_id} lines {total_line - 1}-{total_line + 1} of "
+                    f"{len(lines)}]\n" + "\n".join(lines[total_line - 2:total_line + 1]))
+    refused = gateway.fake.requests[2]["body"]["messages"][-1]["content"]
+    assert "refused" in refused and "end_line comes before start_line" in refused
+    given = next(d for d in record["assembly"]["decisions"] if d["action"] == "rehydrated")
+    assert given["lines"] == [total_line - 1, total_line + 1]
+    assert any(d["action"] == "rehydration_refused" and d["reason"] == "invalid_arguments"
+               for d in record["assembly"]["decisions"])
+
+
 def _refused(gateway: RunningGateway, messages: list[dict], artifact_id: str, key: str = TENANT_KEY,
              **headers: str) -> tuple[str, dict]:
     gateway.fake.reset()
