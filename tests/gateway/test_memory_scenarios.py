@@ -19,6 +19,7 @@ import yaml
 from policies.presets import _PRESETS
 from tests.conftest import TENANT_KEY, RunningGateway, settings_for, start_gateway
 from tests.fake_upstream import FakeUpstream
+from tests.gateway.test_scenarios import call, result
 
 ROUNDS = 26
 
@@ -37,15 +38,6 @@ def gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[Run
     running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, tenants=tenants), fake)
     yield running
     server.stop()
-
-
-def call(call_id: str, name: str, **arguments: Any) -> dict:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
-
-
-def result(call_id: str, content: str) -> dict:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
 def prose(topic: str, count: int, start: int = 1) -> list[str]:
