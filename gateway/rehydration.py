@@ -24,26 +24,28 @@ from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
 _ARTIFACT_ID = re.compile(r"^(?:art|args)_[0-9a-f]{1,64}$")
-DESCRIPTION = ("Exact content of a compacted result: pass the id after 'artifact:'; "
-               "optionally start_line and end_line (as the memory numbers them) for part of it.")
+DESCRIPTION = "Exact content of artifact:<id>; lines: an optional range such as 120-160."
 
 
-PARAMETERS = {"type": "object", "properties": {"artifact_id": {"type": "string"}, "start_line": {"type": "integer"},
-                                               "end_line": {"type": "integer"}}, "required": ["artifact_id"]}
+PARAMETERS = {"type": "object", "properties": {"artifact_id": {"type": "string"}, "lines": {"type": "string"}},
+              "required": ["artifact_id"]}
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d+)?)?\s*$")
 
 
 def _line_range(arguments: Mapping[str, Any]) -> tuple[int, int | None] | None:
-    """(first, last) 1-based lines asked for, None for the whole; ValueError when they make no sense."""
-    start, end = arguments.get("start_line"), arguments.get("end_line")
-    if start is None and end is None:
+    """(first, last) 1-based lines asked for ("120-160", "120-", "120"), None for the whole;
+    ValueError when they make no sense."""
+    asked = arguments.get("lines")
+    if asked is None or asked == "":
         return None
-    for value in (start, end):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError("start_line and end_line are line numbers from 1")
-    first = start if start is not None else 1
-    if end is not None and end < first:
-        raise ValueError("end_line comes before start_line")
-    return first, end
+    match = _RANGE.match(str(asked))
+    if not match:
+        raise ValueError('lines is a range of line numbers such as "120-160"')
+    first = int(match.group(1))
+    last = int(match.group(3)) if match.group(3) else (None if match.group(2) else first)
+    if first < 1 or last is not None and last < first:
+        raise ValueError("lines counts from 1, and a range ends after it starts")
+    return first, last
 
 
 @dataclass

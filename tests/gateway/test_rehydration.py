@@ -123,8 +123,8 @@ def test_model_rehydrates_the_lines_a_memory_points_at(gateway: RunningGateway) 
     assert "[... lines " in memory  # the memory says which lines it leaves out, so a range can be asked for
     total_line = INVOICE.split("\n").index("TOTAL DUE: 48,213.77 EUR (exact)") + 1
     messages += [{"role": "assistant", "content": "noted"}, {"role": "user", "content": "What is the exact total?"}]
-    asks = {"artifact_id": f"artifact:{artifact_id}", "start_line": total_line - 1, "end_line": total_line + 1}
-    bad = {"artifact_id": artifact_id, "start_line": 9, "end_line": 3}
+    asks = {"artifact_id": f"artifact:{artifact_id}", "lines": f"{total_line - 1}-{total_line + 1}"}
+    bad = {"artifact_id": artifact_id, "lines": "9-3"}
     gateway.fake.reset()
     for arguments, call_id in ((asks, "gw_1"), (bad, "gw_2")):
         gateway.fake.script_message({"role": "assistant", "content": None, "tool_calls": [
@@ -137,7 +137,7 @@ def test_model_rehydrates_the_lines_a_memory_points_at(gateway: RunningGateway) 
     assert part == (f"[gateway_rehydrate: artifact:{artifact_id} lines {total_line - 1}-{total_line + 1} of "
                     f"{len(lines)}]\n" + "\n".join(lines[total_line - 2:total_line + 1]))
     refused = gateway.fake.requests[2]["body"]["messages"][-1]["content"]
-    assert "refused" in refused and "end_line comes before start_line" in refused
+    assert "refused" in refused and "a range ends after it starts" in refused
     given = next(d for d in record["assembly"]["decisions"] if d["action"] == "rehydrated")
     assert given["lines"] == [total_line - 1, total_line + 1]
     assert any(d["action"] == "rehydration_refused" and d["reason"] == "invalid_arguments"
@@ -307,3 +307,17 @@ def test_past_the_round_bound_the_client_gets_no_gateway_call(gateway: RunningGa
         assert completion.choices[0].message.tool_calls is None
         assert completion.choices[0].finish_reason == "stop"
     assert len(gateway.fake.requests) == 3
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (None, None), ("", None), ("120-160", (120, 160)), (" 7 - 9 ", (7, 9)), ("120-", (120, None)), ("12", (12, 12)),
+    ("0-3", ValueError), ("9-3", ValueError), ("lines 3", ValueError), ("-5", ValueError), (True, ValueError),
+])
+def test_line_ranges_the_tool_accepts(lines: Any, expected: Any) -> None:
+    from gateway.rehydration import _line_range
+
+    if expected is ValueError:
+        with pytest.raises(ValueError):
+            _line_range({"lines": lines})
+    else:
+        assert _line_range({"lines": lines}) == expected

@@ -37,7 +37,7 @@ def test_coding_agent_meets_the_figures(offline_rows: list[dict]) -> None:
     assert total["protocol_violations"] == 0
     assert total["latest_round_lost"] == 0 and total["user_system_lost"] == 0
     for row in offline_rows:
-        assert row["cost_vs_cached_replay"] <= 1.05, row
+        assert row["cost_vs_cached_replay"] <= 1.0, row  # never dearer than replaying everything
     big = [r for r in offline_rows if r["tool_calls"] >= 20]
     assert len(big) >= 5
     assert statistics.median(r["peak_ratio"] for r in big) <= 0.6
