@@ -62,6 +62,7 @@ class Kept:
     text: str
     why: str  # head | tail | outline | listing | whole | omitted, or the salience reasons joined by '+'
     repeats: int = 1  # consecutive identical lines folded into this one
+    through: int = 0  # the artifact line of the last of them
 
     def render(self) -> str:
         text = f"{self.text} [x{self.repeats}]" if self.repeats > 1 else self.text
@@ -140,6 +141,7 @@ class _Line:
     number: int
     text: str
     repeats: int = 1
+    last: int = 0  # the artifact line of the last repeat (blank lines between repeats are skipped)
 
 
 def _folded_lines(text: str) -> list[_Line]:
@@ -151,8 +153,9 @@ def _folded_lines(text: str) -> list[_Line]:
             continue
         if out and out[-1].text == line:
             out[-1].repeats += 1
+            out[-1].last = number
         else:
-            out.append(_Line(number, line))
+            out.append(_Line(number, line, last=number))
     return out
 
 
@@ -221,8 +224,8 @@ def _text_excerpt(text: str, c: Compaction, salience: Salience = Salience()) -> 
     for line, why, shown in kept:
         if out and line.number > last + 1 and _skipped(lines, last, line.number):
             out.append(Kept(0, f"[... lines {last + 1}-{line.number - 1} omitted ...]", "omitted"))
-        out.append(Kept(line.number, shown, why, line.repeats))
-        last = line.number + line.repeats - 1
+        out.append(Kept(line.number, shown, why, line.repeats, line.last))
+        last = max(line.last, line.number)
     if kept and last < total and _skipped(lines, last, total + 1):
         out.append(Kept(0, f"[... lines {last + 1}-{total} omitted ...]", "omitted"))
     return out
@@ -337,7 +340,7 @@ def kept_summary(lines: list[Kept]) -> str:
     for line in lines:
         if not line.number:
             continue
-        last = line.number + line.repeats - 1
+        last = max(line.number, line.through)
         if parts and parts[-1][2] == line.why and parts[-1][1] + 1 >= line.number:
             parts[-1] = (parts[-1][0], last, line.why)
         else:

@@ -106,3 +106,45 @@ def test_bad_salience_and_revision_settings_name_their_field(raw: dict, field: s
     with pytest.raises(PolicyError) as caught:
         policy_from_mapping(raw, "policy.yaml")
     assert caught.value.field == field
+
+
+# -- properties -----------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+WORDS = ["ok", "must", "not", "error", "status:", "unless", "A1B2", "$250", "the", "order", "never", "line",
+         "approval", "x" * 30, "  ", "", "Refund", "deadline", "warning", "4471"]
+texts = st.lists(st.lists(st.sampled_from(WORDS), max_size=14).map(" ".join), min_size=0, max_size=80).map("\n".join)
+budgets = st.builds(Compaction, head_chars=st.integers(0, 200), tail_chars=st.integers(0, 200),
+                    salient_chars=st.integers(0, 300), max_line_chars=st.integers(20, 160))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts, budgets, st.frozensets(st.sampled_from(["A1B2", "250", "4471"])))
+def test_excerpts_are_faithful_ordered_and_bounded(text: str, c: Compaction, terms: frozenset[str]) -> None:
+    kept = excerpt(view(text), RULE, c, terms)
+    assert kept == excerpt(view(text), RULE, c, terms)  # deterministic
+    originals = text.split("\n")
+    numbers = [k.number for k in kept if k.number]
+    assert numbers == sorted(set(numbers))  # each line once, in order
+    for k in kept:
+        if not k.number:
+            continue
+        folded = " ".join(originals[k.number - 1].split())
+        core = k.text.removeprefix("...").removesuffix("...")
+        core = core.split("...[+")[0]
+        assert core and core in folded  # lifted text is the artifact's own, cut at most
+        run = [" ".join(o.split()) for o in originals[k.number - 1:]]
+        repeats = 0
+        for line in run:
+            if line == folded:
+                repeats += 1
+            elif line:
+                break
+        assert repeats == k.repeats  # folded repeats are that line again, blank lines aside
+    for marker in (k for k in kept if k.why == "omitted"):
+        first, last = map(int, marker.text.split("lines ")[1].split(" ")[0].split("-"))
+        assert not any(first <= n <= last for n in numbers)  # a gap never hides a line that is shown
+    salient = [k for k in kept if k.why not in ("head", "tail", "omitted", "whole", "outline", "listing")]
+    assert sum(len(k.text) + 8 for k in salient) <= max(c.salient_chars, 0) + 2 * (c.max_line_chars + 14)
