@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Callable
@@ -15,12 +16,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import dashboard, model_routes, records_api
 from gateway.auth import KeyRing
 from gateway.boundaries import ErrorBoundary, RequestSanity
-from gateway.config import Settings, tenant_policies
+from gateway.config import Settings, load_settings, tenant_policies
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.housekeeping import Housekeeping
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
 from gateway.request_id import RequestIdMiddleware
-from gateway.run_recorder import RunGuard
+from gateway.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
 from gateway.sessions import SessionSigner
 from gateway.upstream import UpstreamClient
@@ -43,6 +44,14 @@ def default_upstream() -> UpstreamClient:
     from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's import is slow: only when serving
 
     return LiteLLMUpstream()
+
+
+CONFIG_ENV = "GATEWAY_CONFIG"  # the config file of `gateway serve --workers N`'s processes
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one worker process of `gateway serve --workers N` (uvicorn calls this in each)."""
+    return create_app(load_settings(os.environ[CONFIG_ENV]))
 
 
 def create_app(
@@ -116,6 +125,7 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint() -> Response:
+        await outcomes_written()
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.exception_handler(GatewayError)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,16 +14,19 @@ from policies.presets import PRESET_NAMES, preset
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.app import CONFIG_ENV, build_store, create_app
 
     settings = load_settings(args.config)
-    app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=args.host or settings.server.host,
-        port=args.port if args.port is not None else settings.server.port,
-        log_level=settings.log_level,
-    )
+    where = {"host": args.host or settings.server.host,
+             "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level}
+    if args.workers <= 1:
+        uvicorn.run(create_app(settings), **where)
+        return 0
+    # Several processes on one socket: the schema is brought up to date here, once, before any
+    # of them starts (each would otherwise race the others to migrate a fresh SQLite file).
+    build_store(settings).create_schema()
+    os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
+    uvicorn.run("gateway.app:app_from_environment", factory=True, workers=args.workers, **where)
     return 0
 
 
@@ -65,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
     serve.add_argument("--host", help="bind address (default: server.host of the config)")
     serve.add_argument("--port", type=int, help="port (default: server.port of the config)")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="processes serving one socket (default 1); SQLite (WAL) and PostgreSQL both take them")
     serve.set_defaults(run=_serve)
     check = sub.add_parser("check-config", help="validate a config file without serving")
     check.add_argument("path")

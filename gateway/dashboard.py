@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
@@ -20,10 +20,11 @@ from gateway.auth import Principal
 from gateway.charts import bars
 from gateway.errors import GatewayError
 from gateway.records_api import savings_ledger
+from gateway.run_recorder import outcomes_written
 from gateway.services import Services, ServicesDep
 from gateway.sessions import COOKIE, LIFETIME_SECONDS
 
-router = APIRouter(prefix="/dashboard", include_in_schema=False)
+router = APIRouter(prefix="/dashboard", include_in_schema=False, dependencies=[Depends(outcomes_written)])
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 
 

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import passthrough, pipeline
 from gateway.errors import ModelNotFound, NotFound, PermissionDenied
+from gateway.run_recorder import outcomes_written
 from gateway.responses_forwarding import request_id_for
 from gateway.services import PrincipalDep, ServicesDep
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
@@ -46,6 +47,7 @@ async def responses(request: Request, services: ServicesDep) -> Response:
 
 async def _stored_response(services: ServicesDep, principal: PrincipalDep, response_id: str) -> tuple[str, dict[str, Any]]:
     request_id = request_id_for(response_id)
+    await outcomes_written()  # a response just sent may not be recorded yet
     record = await run_in_threadpool(services.store.get_run, request_id, principal.scope()) if request_id else None
     response = record.run.get("response") if record and record.run.get("wire_format") == "openai.responses" else None
     if not response or response.get("store") is False:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from gateway import forwarding, messages_forwarding, responses_forwarding
@@ -33,7 +33,7 @@ from gateway.messages_forwarding import MessagesRelay
 from gateway.responses_forwarding import ResponsesRelay, request_id_for
 from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
-from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
+from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, internal_error, outcomes_written
 from gateway.services import Services
 from gateway.upstream import UpstreamRequest
 from gateway.wire import NeutralRequest, WireFormat
@@ -195,6 +195,7 @@ async def continued(services: Services, tenant: str, neutral: NeutralRequest) ->
     """
     previous = neutral.previous_response_id or ""
     request_id = request_id_for(previous)
+    await outcomes_written()  # the answer it names may have been sent a moment before its record
     record = await run_in_threadpool(services.store.get_run, request_id, tenant) if request_id else None
     response = (record.run.get("response") or {}) if record else {}
     if record is None or not response or record.run.get("wire_format") != "openai.responses" \
@@ -247,7 +248,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         path = await run_in_threadpool(message_path, tenant.id, neutral.messages)
     else:
         path = message_path(tenant.id, neutral.messages)
-    recorder = RunRecorder(services.store, services.metrics, run, request.scope)
+    recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies)
     async with recorder:
         started = time.perf_counter()
         try:
@@ -269,7 +270,9 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             previous_original=ingest.previous_original_tokens,
         )
         timings = {"ingest": round(ingest_ms, 3), "assemble": round(assembly_ms, 3)}
-        assembly = assembly_record(projection, timings, run.parent_request_id)
+        assembly = services.recent_assemblies.based(
+            assembly_record(projection, timings, run.parent_request_id, [n.message for n in path]),
+            ingest.previous_request_id)
         recorder.assembly = assembly
         rate_headers |= await check_limit(services, tenant.id, "tokens", projection.tokens_forwarded,
                                           tenant.limits.tokens_per_minute)
@@ -284,8 +287,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         if neutral.stream:
             return await _stream(services, wire, neutral, conversation, recorder, headers)
         completion = await COMPLETE[wire.upstream](services.upstream, conversation)
-        await recorder.succeed(completion)
-        return JSONResponse(completion.body, headers=headers)
+        return RecordedAnswer(completion.body, recorder, recorder.success(completion), headers)
 
 
 async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest, conversation: Conversation,
@@ -297,8 +299,9 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
         try:
             async for data in relay.events():
                 yield data
-            await recorder.succeed(relay.completion)
-            yield relay.terminal()
+            outcome = recorder.success(relay.completion)
+            yield relay.terminal()  # the client has everything before the store is written
+            await recorder.finish(outcome)
         except GatewayError as error:
             await recorder.fail(error)
             yield wire.stream_error(error)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
@@ -64,8 +65,16 @@ def projected_tokens(policy: Policy, model: ModelSettings, tenant: str, request:
     return projection.tokens_forwarded + (count_text(canonical_json(tools), encoding) if tools else 0)
 
 
+def replaced_messages(projection: Projection, messages: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """What the projection forwarded in place of a client's message, by the message's index."""
+    kept = [d for d in projection.decisions if d.action != "omitted"]
+    return {d.index: sent for d, sent in zip(kept, projection.messages)
+            if d.action != "verbatim" and sent != messages[d.index]}
+
+
 def assembly_record(
-    projection: Projection, timings_ms: dict[str, float], parent_request_id: str | None = None
+    projection: Projection, timings_ms: dict[str, float], parent_request_id: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
 ) -> AssemblyRecord:
     return AssemblyRecord(
         policy_name=projection.policy_name,
@@ -81,5 +90,5 @@ def assembly_record(
         omissions=projection.omissions,
         timings_ms=timings_ms,
         parent_request_id=parent_request_id,
-        forwarded_messages=projection.messages,
+        replaced=replaced_messages(projection, messages) if messages is not None else None,
     )

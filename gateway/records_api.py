@@ -7,17 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.run_recorder import outcomes_written
 from gateway.savings import ledger, parse_moment
 from gateway.services import PrincipalDep, ServicesDep
 from storage.record_types import ArtifactCorrupted, ArtifactRecord
 from storage.blobs import BlobCorrupted
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", dependencies=[Depends(outcomes_written)])
 
 
 async def _artifact(services: ServicesDep, principal: PrincipalDep, artifact_id: str) -> ArtifactRecord:

@@ -21,10 +21,11 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import anyio
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway import outcomes
+from gateway.assembly_bases import RecentAssemblies
 from gateway.errors import GatewayError, InternalError
 from gateway.forwarding import Completion
 from gateway.metrics import GatewayMetrics
@@ -35,6 +36,21 @@ from storage.records import RecordStore
 
 log = logging.getLogger("gateway.runs")
 _SCOPE_KEY = "run_recorders"
+# Outcomes taken but not yet written (answers already on their way to the client): a read of the
+# records in this process waits for them, so a client reads what it was just answered.
+_WRITING: dict[str, asyncio.Event] = {}
+
+
+async def outcomes_written() -> None:
+    """Wait (bounded) until the outcomes this process has taken are in the store (a dependency of
+    every route that reads records)."""
+    waiting = [event.wait() for event in list(_WRITING.values())]
+    if waiting:
+        with anyio.move_on_after(_SETTLE_SECONDS):
+            await asyncio.gather(*waiting)
+
+
+_SETTLE_SECONDS = 10.0
 
 
 def internal_error(exc: BaseException) -> InternalError:
@@ -46,8 +62,10 @@ def internal_error(exc: BaseException) -> InternalError:
 class RunRecorder:
     """Records one run's outcome exactly once."""
 
-    def __init__(self, store: RecordStore, metrics: GatewayMetrics, start: RunStart, scope: Scope) -> None:
+    def __init__(self, store: RecordStore, metrics: GatewayMetrics, start: RunStart, scope: Scope,
+                 recent: RecentAssemblies | None = None) -> None:
         self.store = store
+        self.recent = recent
         self.metrics = metrics
         self.start = start
         self.accounting: Accounting | None = None
@@ -75,6 +93,7 @@ class RunRecorder:
 
     async def finish(self, outcome: RunOutcome) -> None:
         if self.finished or not self.opened:
+            self._written()
             return
         self.finished = True
         try:
@@ -82,12 +101,27 @@ class RunRecorder:
                 await run_in_threadpool(self.store.finish_run, self.start.request_id, outcome, self.assembly)
         except Exception:  # the store is down: the run stays pending until the next start settles it
             log.exception("could not record the outcome of run %s", self.start.request_id)
-            return
-        self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
+        else:
+            self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
+            if self.recent is not None and self.assembly is not None:
+                self.recent.remember(self.start.request_id, self.assembly)
+        finally:
+            self._written()
+
+    def _written(self) -> None:
+        event = _WRITING.pop(self.start.request_id, None)
+        if event is not None:
+            event.set()
+
+    def success(self, completion: Completion) -> RunOutcome:
+        """The outcome of an answer, as of now (its latency stops here); reads of the records wait
+        for it until it is written."""
+        assert self.accounting is not None
+        _WRITING.setdefault(self.start.request_id, asyncio.Event())
+        return outcomes.success(completion, self.started, self.accounting)
 
     async def succeed(self, completion: Completion) -> None:
-        assert self.accounting is not None
-        await self.finish(outcomes.success(completion, self.started, self.accounting))
+        await self.finish(self.success(completion))
 
     async def fail(self, error: GatewayError, status: str = "error") -> None:
         await self.finish(outcomes.failure(error, self.started, self.accounting, status=status))
@@ -149,6 +183,26 @@ class RecordedStream(StreamingResponse):
                     except Exception:
                         log.exception("closing the stream of run %s", self.recorder.start.request_id)
                 await self.recorder.end_for(failure, streaming=True)
+
+
+class RecordedAnswer(JSONResponse):
+    """A whole answer, sent before its outcome is written: the client does not wait for the store.
+
+    The outcome is taken when the answer is ready and written after the last byte is sent (or the
+    send failed), shielded from cancellation; a crash in between leaves the run pending, and the
+    next start settles it as interrupted. Its artifacts were durable before anything was forwarded.
+    """
+
+    def __init__(self, body: Any, recorder: RunRecorder, outcome: RunOutcome, headers: Mapping[str, str]) -> None:
+        self.recorder, self.outcome = recorder, outcome
+        super().__init__(body, headers=dict(headers))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.recorder.finish(self.outcome)
 
 
 class RunGuard:

@@ -1,11 +1,12 @@
 """What the routers reach through `app.state`: built once, in the lifespan."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Callable
 
 from fastapi import Depends, Request
 
+from gateway.assembly_bases import RecentAssemblies
 from gateway.auth import KeyRing, Principal, authenticate, bearer_key
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import COOKIE, SessionSigner
@@ -27,6 +28,7 @@ class Services:
     sessions: SessionSigner
     metrics: GatewayMetrics
     limiter: RateLimiter
+    recent_assemblies: RecentAssemblies = field(default_factory=RecentAssemblies)
 
 
 def get_services(request: Request) -> Services:

@@ -18,6 +18,7 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -123,6 +124,7 @@ class _BoundedCache:
 
 
 _RENDERED = _BoundedCache(8192)
+_LOOSE = _BoundedCache(65536)
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,17 @@ def _revision(view: ArtifactView, path: str) -> tuple[int, float | str] | None:
         return (0, float(value))
     except (TypeError, ValueError):
         return (1, str(value))
+
+
+def _loose_digest(view: ArtifactView) -> str | None:
+    """A digest of the output with timestamps and timings blanked (None: it has none), memoised by
+    content hash: every request of a conversation asks again for the same outputs."""
+    found = _LOOSE.get(view.sha256)
+    if found is None:
+        normal = _VOLATILE.sub("#", view.content)
+        found = "" if normal == view.content else hashlib.sha256(normal.encode("utf-8", "surrogatepass")).hexdigest()
+        _LOOSE.put(view.sha256, found)
+    return found or None
 
 
 _VOLATILE = re.compile(
@@ -324,20 +337,23 @@ class _Assembly:
         """For each ok result, the first earlier ok result with the same output (or the same apart
         from timestamps and timings) that the requester may see raw."""
         self.duplicate: dict[int, tuple[int, bool]] = {}  # index -> (earlier index, exact)
-        exact: dict[str, int] = {}
-        loose: dict[str, int] = {}
+        exact: dict[str, list[int]] = {}
+        loose: dict[str, list[int]] = {}
         for index in sorted(self.records.artifacts):
             view = self.records.artifacts[index]
             if view.status != "ok" or not view.content:
                 continue
-            normal = _VOLATILE.sub("#", view.content)
-            if view.sha256 in exact:
-                self.duplicate[index] = (exact[view.sha256], True)
-            elif normal != view.content and normal in loose:
-                self.duplicate[index] = (loose[normal], False)
-            if self.access(index).raw and not self.restricted(index):
-                exact.setdefault(view.sha256, index)
-                loose.setdefault(normal, index)
+            normal = _loose_digest(view)
+            for table, key, is_exact in ((exact, view.sha256, True), (loose, normal, False)):
+                if key is None:
+                    continue
+                if index not in self.duplicate and (earlier := self._first_seen(table.get(key, ()))) is not None:
+                    self.duplicate[index] = (earlier, is_exact)
+                table.setdefault(key, []).append(index)
+
+    def _first_seen(self, candidates: Sequence[int]) -> int | None:
+        """The first of `candidates` the requester may see raw (checked only when a duplicate is found)."""
+        return next((i for i in candidates if self.access(i).raw and not self.restricted(i)), None)
 
     def terms_before(self, index: int) -> frozenset[str]:
         """Identifiers and amounts the user turns and tool-call arguments named before `index`

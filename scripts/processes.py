@@ -108,6 +108,7 @@ class Gateway:
     port: int
     log: Path
     process: subprocess.Popen | None = None
+    workers: int = 1
 
     @property
     def url(self) -> str:
@@ -116,7 +117,8 @@ class Gateway:
     def start(self) -> "Gateway":
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [PYTHON, "-m", "gateway.cli", "serve", "--config", str(self.config), "--port", str(self.port)],
+                [PYTHON, "-m", "gateway.cli", "serve", "--config", str(self.config), "--port", str(self.port),
+                 "--workers", str(self.workers)],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
         wait_until_up(f"{self.url}/readyz", process=self.process)

@@ -12,6 +12,7 @@ over, so no request ever ends up pointing at removed rows.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
@@ -38,8 +39,9 @@ from storage.record_types import (
     UnstorableValue,
     as_utc,
     assembly_to_row,
+    message_digest,
 )
-from storage.schema import Blob, ConversationNode, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.schema import Blob, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall
 from storage.store_base import StoreBase
 
 SIBLING_COUNT_BOUND = 10_000
@@ -120,7 +122,7 @@ class Capture(StoreBase):
             subagent_results = self._subagent_results(session, tenant, conversation, run.parent_request_id)
             # Node ids hash the tenant in, so the leaf index alone is tenant-scoped.
             previous = session.execute(
-                select(ModelRun.tokens_original, ModelRun.leaf_node_id)
+                select(ModelRun.tokens_original, ModelRun.leaf_node_id, ModelRun.id)
                 .where(ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
                        ModelRun.tokens_original.is_not(None))
                 .order_by(ModelRun.started_at.desc())
@@ -139,6 +141,7 @@ class Capture(StoreBase):
             subagent_results=subagent_results,
             previous_original_tokens=int(previous[0] or 0) if previous else 0,
             previous_leaf_position=next((n.position for n in path if previous and n.id == previous[1]), None),
+            previous_request_id=previous[2] if previous else None,
         )
 
     def _run_row(self, run: RunStart, session_id: str, conversation: str, path: Sequence[PathNode]) -> ModelRun:
@@ -369,9 +372,25 @@ class Capture(StoreBase):
             "finished_at": self._now(),
         }
         with Session(self.engine) as session, session.begin():
-            tenant = session.scalar(
+            finished = session.execute(
                 update(ModelRun).where(ModelRun.id == request_id, ModelRun.status.in_(("pending", "interrupted")))
-                .values(**values).returning(ModelRun.tenant)
-            )
-            if assembly is not None and tenant is not None:
+                .values(**values).returning(ModelRun.tenant, ModelRun.conversation_id)
+            ).first()
+            if assembly is not None and finished is not None:
+                tenant, conversation = finished
+                self._store_replaced(session, tenant, conversation or request_id, assembly)
                 session.add(assembly_to_row(request_id, tenant, assembly))
+
+    def _store_replaced(self, session: Session, tenant: str, conversation: str, assembly: AssemblyRecord) -> None:
+        """The messages forwarded in place of the client's, once per conversation (most are there
+        already: between epochs a request forwards the same memories as the one before)."""
+        rows = {}
+        for message in (assembly.replaced or {}).values():
+            digest, data = message_digest(message)
+            rows[digest] = {"conversation_id": conversation, "digest": digest, "tenant": tenant,
+                            "message_zlib": zlib.compress(data), "created_at": self._now()}
+        if not rows:
+            return
+        known = set(session.scalars(select(ForwardedMessage.digest).where(
+            ForwardedMessage.conversation_id == conversation, ForwardedMessage.digest.in_(list(rows)))))
+        self._insert_ignoring_conflicts(session, ForwardedMessage, [r for d, r in rows.items() if d not in known])

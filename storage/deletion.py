@@ -23,7 +23,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from policies.transcript import conversation_id_for
-from storage.schema import Blob, ContextAssembly, ConversationNode, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.schema import (
+    Blob, ContextAssembly, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall,
+)
 from storage.store_base import StoreBase
 
 DELETE_ATTEMPTS = 3
@@ -80,6 +82,8 @@ class Deletion(StoreBase):
                 delete(ModelRun).where(ModelRun.tenant == tenant, ModelRun.conversation_id.in_(conversations))
             ).rowcount
             session.execute(delete(ConversationNode).where(ConversationNode.conversation_id.in_(conversations)))
+            counts["forwarded_messages"] = session.execute(delete(ForwardedMessage).where(
+                ForwardedMessage.tenant == tenant, ForwardedMessage.conversation_id.in_(conversations))).rowcount
             blob_keys: set[str] = set()
             counts |= {"tool_artifacts": 0, "tool_calls": 0, "message_nodes": 0}
             for chunk in _chunks(only_here):

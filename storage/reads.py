@@ -15,11 +15,13 @@ from storage.record_types import (
     ArtifactRecord,
     RunRecord,
     artifact_from_row,
+    MAX_BASE_DEPTH,
     assembly_from_row,
     as_utc,
+    merged_decisions,
     run_as_dict,
 )
-from storage.schema import ContextAssembly, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.schema import ContextAssembly, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall
 from storage.store_base import StoreBase
 
 
@@ -66,13 +68,37 @@ class Reads(StoreBase):
         return data
 
     def forwarded_messages(self, request_id: str, tenant: str | None) -> list[dict[str, Any]] | None:
-        """The messages the projection forwarded for a request, if recorded."""
+        """The messages the projection forwarded for a request, if recorded: the request's path,
+        with each message a decision replaced swapped for what was forwarded, omitted ones left out."""
         with Session(self.engine) as session:
-            query = select(ContextAssembly.forwarded_zlib).where(ContextAssembly.request_id == request_id)
+            query = select(ContextAssembly, ModelRun.leaf_node_id, ModelRun.conversation_id).join(
+                ModelRun, ModelRun.id == ContextAssembly.request_id).where(ContextAssembly.request_id == request_id)
             if tenant is not None:
                 query = query.where(ContextAssembly.tenant == tenant)
-            blob = session.scalar(query)
-            return json.loads(zlib.decompress(blob)) if blob else None
+            found = session.execute(query).first()
+            if found is None:
+                return None
+            assembly, leaf, conversation = found
+            if assembly.forwarded_zlib:  # recorded whole (before the projection was rebuilt on demand)
+                return json.loads(zlib.decompress(assembly.forwarded_zlib))
+            decisions = merged_decisions(self._assembly_chain(session, assembly))
+            digests = [d["forwarded"] for d in decisions.values() if d.get("forwarded")]
+            replaced = {}
+            for start in range(0, len(digests), 500):
+                rows = session.execute(select(ForwardedMessage.digest, ForwardedMessage.message_zlib).where(
+                    ForwardedMessage.conversation_id == (conversation or request_id),
+                    ForwardedMessage.digest.in_(digests[start:start + 500])))
+                replaced.update((digest, data) for digest, data in rows)
+        messages = []
+        for index, message in enumerate(self.path_messages(leaf)):
+            decision = decisions.get(index, {})
+            if decision.get("action") == "omitted":
+                continue
+            if decision.get("forwarded") in replaced:
+                messages.append(json.loads(zlib.decompress(replaced[decision["forwarded"]])))
+            else:
+                messages.append({k: v for k, v in message.items() if k != "artifact_id"})
+        return messages
 
     def get_run(self, request_id: str, tenant: str | None) -> RunRecord | None:
         with Session(self.engine) as session:
@@ -88,26 +114,39 @@ class Reads(StoreBase):
                 .order_by(ToolArtifact.observed_at, ToolArtifact.id)
             ).all()
             assembly = session.get(ContextAssembly, request_id)
+            path = self._path_roles(session, row.leaf_node_id)
+            chain = self._assembly_chain(session, assembly) if assembly else []
             return RunRecord(
                 run=run_as_dict(row),
                 captured_artifacts=tuple(artifact_from_row(a) for a in captured),
-                path_artifact_ids=tuple(self._path_artifact_ids(session, row.leaf_node_id)),
-                assembly=assembly_from_row(assembly) if assembly else None,
+                path_artifact_ids=tuple(artifact for _, artifact in path if artifact is not None),
+                assembly=assembly_from_row(assembly, [role for role, _ in path], chain) if assembly else None,
             )
 
-    def _path_artifact_ids(self, session: Session, leaf_id: str) -> list[str]:
+    def _assembly_chain(self, session: Session, assembly: ContextAssembly) -> list[ContextAssembly]:
+        """`assembly` and the bases its stored decisions extend, nearest first (same tenant only)."""
+        chain = [assembly]
+        while chain[-1].base_request_id is not None and len(chain) <= MAX_BASE_DEPTH:
+            base = session.get(ContextAssembly, chain[-1].base_request_id)
+            if base is None or base.tenant != assembly.tenant:
+                break  # collected or foreign: what is stored is what can be shown
+            chain.append(base)
+        return chain
+
+    def _path_roles(self, session: Session, leaf_id: str) -> list[tuple[str, str | None]]:
+        """(role, artifact id) of every message of the path ending at `leaf_id`, in order."""
         rows = session.execute(
             text(
-                "WITH RECURSIVE path(id, parent_id, artifact_id, depth) AS ("
-                " SELECT id, parent_id, artifact_id, depth FROM message_nodes WHERE id = :leaf"
+                "WITH RECURSIVE path(id, parent_id, role, artifact_id, depth) AS ("
+                " SELECT id, parent_id, role, artifact_id, depth FROM message_nodes WHERE id = :leaf"
                 " UNION ALL"
-                " SELECT n.id, n.parent_id, n.artifact_id, n.depth"
+                " SELECT n.id, n.parent_id, n.role, n.artifact_id, n.depth"
                 " FROM message_nodes n JOIN path p ON n.id = p.parent_id)"
-                " SELECT artifact_id FROM path WHERE artifact_id IS NOT NULL ORDER BY depth"
+                " SELECT role, artifact_id FROM path ORDER BY depth"
             ),
             {"leaf": leaf_id},
         )
-        return [r[0] for r in rows]
+        return [(r[0], r[1]) for r in rows]
 
     def savings_rows(
         self,

@@ -5,8 +5,8 @@ Plain frozen dataclasses, so the gateway never handles ORM objects.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
@@ -70,6 +70,7 @@ class IngestResult:
     subagent_results: Mapping[str, str]  # sha256 -> tool name, of results captured by subagents of this conversation
     previous_original_tokens: int  # the client's transcript tokens on the latest earlier run on this path
     previous_leaf_position: int | None = None  # where that run's transcript ended in this one
+    previous_request_id: str | None = None  # that run
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,14 @@ class AssemblyRecord:
     omissions: dict[str, int]
     timings_ms: dict[str, float]
     parent_request_id: str | None = None
-    forwarded_messages: list[dict[str, Any]] | None = None  # stored compressed; served by its own call
+    # What was forwarded in place of a client's message, by message index: stored once per
+    # conversation and named from its decision by digest. Messages forwarded as the client sent
+    # them are not stored again: the projection is rebuilt from the path and these.
+    replaced: dict[int, dict[str, Any]] | None = None
+    # The earlier request on this path whose stored decisions this one's extend (None: stored whole),
+    # and those decisions as the gateway still holds them: only what differs is stored.
+    base_request_id: str | None = None
+    base_decisions: Mapping[int, dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +248,45 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
     }
 
 
+def message_digest(message: dict[str, Any]) -> tuple[str, bytes]:
+    """(digest, canonical bytes) of a forwarded message."""
+    data = canonical_json(message).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest(), data
+
+
+MAX_BASE_DEPTH = 32  # a request stores its decisions whole at least every this many requests of a path
+
+
+def notable_decisions(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
+    """Every decision but `verbatim` (a reader restores those) by message index, each that replaced
+    its message naming the replacement's digest."""
+    replaced = record.replaced or {}
+    out = {}
+    for decision in record.decisions:
+        index = decision.get("index")
+        if index is None or decision.get("action") == "verbatim":
+            continue
+        if index in replaced:
+            decision = {**decision, "forwarded": message_digest(replaced[index])[0]}
+        out[index] = decision
+    return out
+
+
+def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
+    """What a request stores of its decisions: those that differ from its base request's (all of
+    them without a base; a message verbatim again after a base's decision is stored as such), and
+    its rehydrations. Between epochs that is the new round's: it does not grow with the transcript."""
+    notable = notable_decisions(record)
+    base = record.base_decisions if record.base_request_id is not None else None
+    if base is None:
+        out = list(notable.values())
+    else:
+        out = [d for i, d in notable.items() if base.get(i) != d]
+        out += [{"index": i, "role": d.get("role"), "action": "verbatim", "reason": "kept", "artifact_id": None}
+                for i, d in base.items() if i not in notable]
+    return sorted(out, key=lambda d: d["index"]) + [d for d in record.decisions if d.get("index") is None]
+
+
 def assembly_to_row(request_id: str, tenant: str, record: AssemblyRecord) -> ContextAssembly:
     return ContextAssembly(
         request_id=request_id,
@@ -253,19 +300,44 @@ def assembly_to_row(request_id: str, tenant: str, record: AssemblyRecord) -> Con
         messages_forwarded=record.messages_forwarded,
         boundary_round=record.boundary_round,
         epoch_round=record.epoch_round,
-        decisions_json=json.dumps(record.decisions, separators=(",", ":")),
+        decisions_json=json.dumps(stored_decisions(record), separators=(",", ":")),
         omissions_json=json.dumps(record.omissions, separators=(",", ":")),
         timings_json=json.dumps(record.timings_ms, separators=(",", ":")),
         parent_request_id=record.parent_request_id,
-        forwarded_zlib=(
-            zlib.compress(canonical_json(record.forwarded_messages).encode("utf-8", "surrogatepass"))
-            if record.forwarded_messages is not None else None
-        ),
+        base_request_id=record.base_request_id,
+        forwarded_zlib=None,
         created_at=utcnow(),
     )
 
 
-def assembly_from_row(row: ContextAssembly) -> AssemblyRecord:
+def merged_decisions(chain: list[ContextAssembly]) -> dict[int, dict[str, Any]]:
+    """A request's decisions by message index from its stored ones and its bases' (`chain`: the
+    request first, then its base, and so on): the nearest wins; `verbatim` ones dropped."""
+    merged: dict[int, dict[str, Any]] = {}
+    for row in chain:
+        for decision in json.loads(row.decisions_json):
+            index = decision.get("index")
+            if index is not None and index < chain[0].messages_original:
+                merged.setdefault(index, decision)
+    return {i: d for i, d in merged.items() if d.get("action") != "verbatim"}
+
+
+def full_decisions(notable: Mapping[int, dict[str, Any]], roles: list[str],
+                   rehydrations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One decision per message: the notable ones, and `verbatim` for every other message."""
+    out = [notable.get(i) or {"index": i, "role": role, "action": "verbatim", "reason": "kept", "artifact_id": None}
+           for i, role in enumerate(roles)]
+    return out + rehydrations
+
+
+def assembly_from_row(row: ContextAssembly, roles: list[str] | None = None,
+                      chain: list[ContextAssembly] | None = None) -> AssemblyRecord:
+    """The record of `row`; `chain` (the row and its bases) and the path's `roles` restore the
+    decisions it did not store (recorded whole before migration 0005, they need neither)."""
+    decisions = json.loads(row.decisions_json)
+    if roles is not None and row.forwarded_zlib is None:
+        rehydrations = [d for d in decisions if d.get("index") is None]
+        decisions = full_decisions(merged_decisions(chain or [row]), roles, rehydrations)
     return AssemblyRecord(
         policy_name=row.policy_name,
         policy_version=row.policy_version,
@@ -276,7 +348,7 @@ def assembly_from_row(row: ContextAssembly) -> AssemblyRecord:
         messages_forwarded=row.messages_forwarded,
         boundary_round=row.boundary_round,
         epoch_round=row.epoch_round,
-        decisions=json.loads(row.decisions_json),
+        decisions=decisions,
         omissions=json.loads(row.omissions_json),
         timings_ms=json.loads(row.timings_json),
         parent_request_id=row.parent_request_id,

@@ -184,4 +184,20 @@ class ContextAssembly(Base):
     timings_json: Mapped[str] = mapped_column(Text)
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
     forwarded_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)  # the projection as sent, compressed
+    # The earlier request on the same path whose decisions this one's extend (None: stored whole).
+    base_request_id: Mapped[str | None] = mapped_column(ID)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ForwardedMessage(Base):
+    """A message the gateway forwarded in place of the client's (a memory, a notice, compacted
+    arguments), stored once per conversation however many requests forwarded it: an assembly
+    names it by digest, so what a request stores does not grow with its transcript."""
+
+    __tablename__ = "forwarded_messages"
+
+    conversation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    message_zlib: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,53 @@
+"""The decisions of recent requests, so the next request on the same path stores only what changed.
+
+Between epochs a request's decisions are the previous request's plus the new
+round's; at a move, the rounds it re-renders. The gateway keeps each recorded
+request's notable decisions (every one but `verbatim`) for a while in this
+process; the next request on the path names that request as its base and
+stores the difference (storage/record_types.py). A base this process does not
+hold (another replica answered it, a restart, the cache moved on) means the
+request stores its decisions whole, and so does every `MAX_BASE_DEPTH`-th
+request of a chain, which bounds what a read walks.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any, Mapping
+
+from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord, notable_decisions
+
+_Entry = tuple[Mapping[int, dict[str, Any]], int]  # notable decisions, depth of the chain behind them
+
+
+class RecentAssemblies:
+    """A bounded map: request id -> the decisions it stored (as the reader restores them)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._items: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def based(self, record: AssemblyRecord, previous_request_id: str | None) -> AssemblyRecord:
+        """`record` naming the previous request on its path as its base, when that request is held
+        here and its chain is short enough; else as it is (stored whole)."""
+        with self._lock:
+            found = self._items.get(previous_request_id) if previous_request_id else None
+        if found is None or found[1] + 1 >= MAX_BASE_DEPTH:
+            return record
+        return replace(record, base_request_id=previous_request_id, base_decisions=found[0])
+
+    def remember(self, request_id: str, record: AssemblyRecord) -> None:
+        """After `record` is stored: what a request based on it may leave out."""
+        depth = 0
+        if record.base_request_id is not None:
+            with self._lock:
+                base = self._items.get(record.base_request_id)
+            depth = base[1] + 1 if base else MAX_BASE_DEPTH
+        entry = (notable_decisions(record), depth)
+        with self._lock:
+            self._items[request_id] = entry
+            self._items.move_to_end(request_id)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
