@@ -4,7 +4,7 @@ A synthetic coding-agent transcript of N tool rounds (60-line outputs, every sev
 a failure), projected under the coding-agent preset: the path hashing, the records and
 the assembly, as the gateway does them per request.
 
-.venv/bin/python bench/assembly_scaling.py [--rounds 100 300 600] [--repeats 5]
+.venv/bin/python bench/assembly_scaling.py [--rounds 100 300 600] [--repeats 5] [--small]
 """
 from __future__ import annotations
 
@@ -23,14 +23,15 @@ from policies.presets import preset  # noqa: E402
 from policies.transcript import message_path  # noqa: E402
 
 OUTPUT = "\n".join(f"line {i}: build output with some words in it" for i in range(60))
+SMALL = "ok: 3 files changed"  # under min_tokens: no round is ever worth compacting, the boundary stays
 
 
-def transcript(rounds: int) -> list[dict]:
+def transcript(rounds: int, small: bool = False) -> list[dict]:
     messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
     for r in range(rounds):
         call = {"id": f"c{r}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": f"make step{r}"})}}
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        result = (f"Error: step {r} failed\n" if r % 7 == 0 else f"step {r} ok\n") + OUTPUT
+        result = (f"Error: step {r} failed\n" if r % 7 == 0 else f"step {r} ok\n") + (SMALL if small else OUTPUT)
         messages.append({"role": "tool", "tool_call_id": f"c{r}", "content": result})
     return messages
 
@@ -39,12 +40,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, nargs="+", default=[100, 300, 600])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--small", action="store_true", help="results too small to compact (the boundary never moves)")
     args = parser.parse_args()
     policy = preset("coding-agent")
     print(f"command: {' '.join(sys.argv)}")
     print(f"{'rounds':>7} {'messages':>9} {'total ms':>9} {'assemble ms':>12} {'tokens sent':>12} {'forwarded':>10}")
     for rounds in args.rounds:
-        messages = transcript(rounds)
+        messages = transcript(rounds, args.small)
         totals, assembling = [], []
         for _ in range(args.repeats + 1):  # the first run fills the caches a live gateway has warm
             started = time.perf_counter()

@@ -18,7 +18,9 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
+import heapq
 import json
 import re
 import threading
@@ -125,6 +127,27 @@ class _BoundedCache:
 
 _RENDERED = _BoundedCache(8192)
 _LOOSE = _BoundedCache(65536)
+
+
+@dataclass
+class _Window:
+    """The savings of the messages a move would compact, with their sum and the first that saves."""
+
+    upto: int  # rounds before this one are in the window (or behind the boundary)
+    values: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+    _saving: list[int] = field(default_factory=list)  # a heap of indices, some no longer saving
+
+    def put(self, index: int, saving: int) -> None:
+        self.total += saving - self.values.get(index, 0)
+        self.values[index] = saving
+        if saving > 0:
+            heapq.heappush(self._saving, index)
+
+    def first(self) -> int | None:
+        while self._saving and self.values.get(self._saving[0], 0) <= 0:
+            heapq.heappop(self._saving)
+        return self._saving[0] if self._saving else None
 
 
 @dataclass(frozen=True)
@@ -269,6 +292,7 @@ class _Assembly:
         self._index_later_results()
         self._index_duplicates()
         self._term_sources: list[tuple[int, frozenset[str]]] | None = None
+        self._terms_upto: list[frozenset[str]] = []
         self._arguments: dict[int, tuple[dict[str, Any], str, int] | None] = {}
 
     # -- facts about one tool message, as of a snapshot (rounds <= upto) ---------
@@ -371,7 +395,11 @@ class _Assembly:
                     continue
                 if found := terms_of(text):
                     self._term_sources.append((position, found))
-        return frozenset().union(*(found for position, found in self._term_sources if position < index))
+            self._terms_upto = [frozenset()]  # the union of the first k sources, built as needed
+        count = bisect.bisect_left(self._term_sources, (index,))
+        while len(self._terms_upto) <= count:
+            self._terms_upto.append(self._terms_upto[-1] | self._term_sources[len(self._terms_upto) - 1][1])
+        return self._terms_upto[count]
 
     def compacted_arguments(self, index: int) -> tuple[dict[str, Any], str, int] | None:
         """The assistant message at `index` with its long call arguments compacted, the first
@@ -513,10 +541,12 @@ class _Assembly:
             return max(0, self.tokens[index] - message_tokens({**self.messages[index], "content": notice}, self.encoding))
         if self.protected(index, upto):
             return 0
-        _, tokens, reason = self.compact_form(index)
-        if reason == "memory" and self.tokens[index] < (rule.min_tokens if rule.min_tokens is not None
-                                                         else self.c.min_tokens):
+        small = self.tokens[index] < (rule.min_tokens if rule.min_tokens is not None else self.c.min_tokens)
+        if small and index not in self.duplicate:
             return 0  # small results stay whole; a repeated one still becomes a reference
+        _, tokens, reason = self.compact_form(index)
+        if small and reason == "memory":
+            return 0
         return max(0, self.tokens[index] - tokens)
 
     # -- epochs ---------------------------------------------------------------
@@ -558,6 +588,10 @@ class _Assembly:
         retries: dict[int, list[int]] = {}
         for failed, retry in self.retried_at.items():
             retries.setdefault(self.round_of[retry], []).append(failed)
+        changes_at: dict[int, list[int]] = {}  # round -> results whose saving it changes
+        for earlier, later in (*self.superseder.items(), *self.retried_at.items()):
+            changes_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
+        window = _Window(upto=0)
         for t in range(1, len(self.rounds) + 1):
             previous_end = self.rounds[t - 2].end if t >= 2 else -1
             # 1. refresh what is compacted already, if newer knowledge saves enough
@@ -581,22 +615,29 @@ class _Assembly:
             eligible = t - keep
             if eligible <= boundary:
                 continue
+            # What a move would save: the rounds between the boundary and `eligible`, their results
+            # and their long call arguments, kept current as rounds join and as later results
+            # supersede or retry them (the only facts that change a saving as t grows).
+            for rnd in self.rounds[window.upto:eligible]:
+                for i in rnd.tools:
+                    window.put(i, self.saving(i, t))
+                window.put(rnd.assistant, self.argument_saving(rnd.assistant))
+            window.upto = eligible
+            for i in changes_at.get(t, ()):
+                if i in window.values:
+                    window.put(i, self.saving(i, t))
             tail = span(self.rounds[boundary].assistant, self.rounds[t - 1].end)
             if tail < self.c.trigger_tokens:
                 continue
-            savings = {i: self.saving(i, t) for rnd in self.rounds[boundary:eligible] for i in rnd.tools}
-            # the move compacts those rounds' long call arguments too (one more change to pay for)
-            savings.update({rnd.assistant: self.argument_saving(rnd.assistant)
-                            for rnd in self.rounds[boundary:eligible]})
-            saving = sum(savings.values())
-            changed = sorted(i for i, v in savings.items() if v > 0)
+            saving, first = window.total, window.first()
             # Round t is new to the provider either way; the move makes it read
             # afresh what follows the first message it changes, up to round t-1.
-            resent = span(changed[0], previous_end) - saving if changed else 0
+            resent = span(first, previous_end) - saving if first is not None else 0
             if saving >= max(1, self.c.clear_at_least_tokens) and self._pays(saving, resent, t):
                 for number in range(boundary + 1, eligible + 1):
                     compacted_at[number] = t
                 boundary, epoch_round = eligible, t
+                window = _Window(upto=eligible)
         as_of = {number: max(t, refreshed) for number, t in compacted_at.items()}
         return boundary, epoch_round, as_of
 
