@@ -327,3 +327,24 @@ def test_what_the_user_says_later_never_changes_an_earlier_memory() -> None:
                    *messages[2:]]
     mentioned, _ = project(named_first, policy())
     assert "L31: Entry 30: order QX7781 flagged" in mentioned.messages[3]["content"]
+
+
+def test_thousands_of_small_rounds_cost_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Results under min_tokens never make a move pay, so the boundary stays at 0 and every round
+    # waits in the window: the assembler must not re-price the whole window at every round.
+    from policies import assembler
+
+    calls = {"saving": 0}
+    original = assembler._Assembly.saving
+
+    def counted(self, index: int, upto: int) -> int:
+        calls["saving"] += 1
+        return original(self, index, upto)
+
+    monkeypatch.setattr(assembler._Assembly, "saving", counted)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    for i in range(3000):
+        messages += tool_round(f"c{i}", "bash", "ok", command=f"step {i}")
+    projection, _ = project(messages, policy(compaction={"min_tokens": 200}))
+    assert projection.boundary_round == 0 and projection.tokens_forwarded == projection.tokens_original
+    assert calls["saving"] <= 2 * 3000
