@@ -40,6 +40,7 @@ from storage.record_types import (
     as_utc,
     assembly_to_row,
     message_digest,
+    notable_decisions,
 )
 from storage.schema import Blob, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall
 from storage.store_base import StoreBase
@@ -122,7 +123,7 @@ class Capture(StoreBase):
             subagent_results = self._subagent_results(session, tenant, conversation, run.parent_request_id)
             # Node ids hash the tenant in, so the leaf index alone is tenant-scoped.
             previous = session.execute(
-                select(ModelRun.tokens_original, ModelRun.leaf_node_id, ModelRun.id)
+                select(ModelRun.tokens_original, ModelRun.leaf_node_id, ModelRun.id, ModelRun.conversation_id)
                 .where(ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
                        ModelRun.tokens_original.is_not(None))
                 .order_by(ModelRun.started_at.desc())
@@ -141,7 +142,8 @@ class Capture(StoreBase):
             subagent_results=subagent_results,
             previous_original_tokens=int(previous[0] or 0) if previous else 0,
             previous_leaf_position=next((n.position for n in path if previous and n.id == previous[1]), None),
-            previous_request_id=previous[2] if previous else None,
+            # a base for the assembly's stored decisions only within one conversation (deleted together)
+            previous_request_id=previous[2] if previous and previous[3] == conversation else None,
         )
 
     def _run_row(self, run: RunStart, session_id: str, conversation: str, path: Sequence[PathNode]) -> ModelRun:
@@ -385,7 +387,11 @@ class Capture(StoreBase):
         """The messages forwarded in place of the client's, once per conversation (most are there
         already: between epochs a request forwards the same memories as the one before)."""
         rows = {}
-        for message in (assembly.replaced or {}).values():
+        base = assembly.base_decisions if assembly.base_request_id is not None else None
+        notable = notable_decisions(assembly)
+        for index, message in (assembly.replaced or {}).items():
+            if base is not None and base.get(index) == notable.get(index):
+                continue  # forwarded by the base request too: stored then
             digest, data = message_digest(message)
             rows[digest] = {"conversation_id": conversation, "digest": digest, "tenant": tenant,
                             "message_zlib": zlib.compress(data), "created_at": self._now()}
