@@ -19,6 +19,7 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import heapq
 import json
@@ -236,7 +237,8 @@ _VOLATILE = re.compile(
 )
 
 
-def _short_values(arguments: Any) -> str:
+@functools.lru_cache(maxsize=16384)
+def _short_values(arguments: str) -> str:
     """The short scalar values of a call's JSON arguments (ids, amounts, names), not its commands,
     paths or file contents: what a later output may echo that matters."""
     try:
@@ -389,8 +391,8 @@ class _Assembly:
                     content = message.get("content")
                     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
                 elif message.get("role") == "assistant" and message.get("tool_calls"):
-                    text = " ".join(_short_values((c.get("function") or {}).get("arguments"))
-                                    for c in message["tool_calls"] if isinstance(c, Mapping))
+                    text = " ".join(_short_values(arguments) for c in message["tool_calls"] if isinstance(c, Mapping)
+                                    and isinstance(arguments := (c.get("function") or {}).get("arguments"), str))
                 else:
                     continue
                 if found := terms_of(text):

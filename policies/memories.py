@@ -10,6 +10,7 @@ gateway's own words.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ _TERM = re.compile(r"[A-Za-z0-9$][A-Za-z0-9_\-.,/:]*[A-Za-z0-9%]")
 _CONTINUATION = re.compile(r"^(?:[a-z]|(?:and|or|but|unless|except|then|so)\b)")
 
 
+@functools.lru_cache(maxsize=16384)
 def terms_of(text: str) -> frozenset[str]:
     """Identifiers and amounts in `text`: tokens of 3 to 40 characters mixing digits with letters or
     punctuation (not paths), bare numbers of 4+ digits or with a currency sign."""

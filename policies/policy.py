@@ -200,10 +200,18 @@ class Policy(_Strict):
         return f"v{self.version}-{self.fingerprint}"
 
     def rule_for(self, tool_name: str | None) -> ToolRule:
-        for rule in self.tools:
-            if tool_name is not None and rule.matches(tool_name):
-                return rule
-        return _DEFAULT_RULE
+        """The first rule matching `tool_name` (memoised: every request asks again for every result)."""
+        found = self._rules_by_tool.get(tool_name)
+        if found is None:
+            found = next((rule for rule in self.tools if tool_name is not None and rule.matches(tool_name)),
+                         _DEFAULT_RULE)
+            if len(self._rules_by_tool) < 4096:
+                self._rules_by_tool[tool_name] = found
+        return found
+
+    @cached_property
+    def _rules_by_tool(self) -> dict[str | None, ToolRule]:
+        return {}
 
 
 _DEFAULT_RULE = ToolRule(match=["*"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
@@ -259,7 +260,24 @@ MAX_BASE_DEPTH = 32  # a request stores its decisions whole at least every this 
 
 def notable_decisions(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     """Every decision but `verbatim` (a reader restores those) by message index, each that replaced
-    its message naming the replacement's digest."""
+    its message naming the replacement's digest (worked out once per record)."""
+    with _NOTABLE_LOCK:
+        found = _NOTABLE.get(id(record))
+    if found is not None and found[0] is record:
+        return found[1]
+    notable = _notable(record)
+    with _NOTABLE_LOCK:
+        _NOTABLE[id(record)] = (record, notable)
+        while len(_NOTABLE) > 256:
+            _NOTABLE.pop(next(iter(_NOTABLE)))
+    return notable
+
+
+_NOTABLE: dict[int, tuple[AssemblyRecord, dict[int, dict[str, Any]]]] = {}
+_NOTABLE_LOCK = threading.Lock()
+
+
+def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     replaced = record.replaced or {}
     out = {}
     for decision in record.decisions:
