@@ -51,6 +51,7 @@ import httpx  # noqa: E402
 
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_settings  # noqa: E402
+from policies.protocol import ends_on_answered_round  # noqa: E402
 from tests.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
 
 TRACES_DIR = Path(os.environ.get("GATEWAY_TRACES_DIR", REPO / "tests" / "data" / "traces"))
@@ -61,15 +62,6 @@ BASH_TOOL = {"type": "function", "function": {"name": "bash", "description": "Ru
 
 
 # --- the transcript -------------------------------------------------------
-
-def _ends_on_answered_round(messages: list[dict[str, Any]]) -> bool:
-    """True when the last message is a tool result and no call of the last assistant is open."""
-    if not messages or messages[-1].get("role") != "tool":
-        return False
-    last = max(i for i, m in enumerate(messages) if m.get("role") == "assistant")
-    asked = {c["id"] for c in messages[last].get("tool_calls") or []}
-    return asked <= {m.get("tool_call_id") for m in messages[last + 1:]}
-
 
 def synthetic_transcript() -> list[dict[str, Any]]:
     """system + user + 49 rounds of (assistant tool call, tool result of 300-3000 chars)."""
@@ -101,7 +93,7 @@ def load_transcript() -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
         if len(messages) < TARGET_MESSAGES:
             continue
         cut = list(messages[:TARGET_MESSAGES])
-        while cut and not _ends_on_answered_round(cut):  # never leave a call unanswered
+        while cut and not ends_on_answered_round(cut):  # never leave a call unanswered
             cut.pop()
         if cut:
             return path.name, cut, trace.get("tools") or [BASH_TOOL]

@@ -35,15 +35,16 @@ from storage.records import RecordStore
 
 
 def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> RecordStore:
-    engine = make_engine(settings.storage_url())
+    engine = make_engine(settings.storage_url(), pool_size=settings.storage.pool_size)
     blobs = DirectoryBlobStore(settings.resolve_path(settings.storage.blob_dir))
     return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes, clock=clock)
 
 
-def default_upstream() -> UpstreamClient:
+def default_upstream(settings: Settings) -> UpstreamClient:
     from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's import is slow: only when serving
 
-    return LiteLLMUpstream()
+    # GATEWAY_DIRECT_TRANSPORT=0 in the environment turns the direct transport off whatever the config says
+    return LiteLLMUpstream(direct_transport=settings.server.direct_transport and None)
 
 
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file of `gateway serve --workers N`'s processes
@@ -75,7 +76,7 @@ def create_app(
             RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)
             if settings.redis.url else MemoryRateLimiter(clock)
         )
-        client = upstream or default_upstream()
+        client = upstream or default_upstream(settings)
         await client.warm_up()
         await run_in_threadpool(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
@@ -96,6 +97,8 @@ def create_app(
             beating.cancel()
             await run_in_threadpool(record_store.retire_instance)
             await limiter.close()
+            if upstream is None and hasattr(client, "aclose"):
+                await client.aclose()  # the direct transport's connection pool
             if owned_store:
                 record_store.engine.dispose()
 

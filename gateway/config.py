@@ -46,6 +46,9 @@ class ServerSettings(_Strict):
     # Every instance beats this often; one that misses three beats is dead and its pending
     # runs are marked interrupted by the others (and by the next one to start).
     heartbeat_seconds: float = Field(10.0, gt=0)
+    # Chat completions to an OpenAI-compatible deployment over a pooled HTTP client, LiteLLM still
+    # deciding what is sent (gateway/direct_chat.py); false: every call through litellm.acompletion.
+    direct_transport: bool = True
 
 
 class ModelSettings(_Strict):
@@ -97,6 +100,9 @@ class StorageSettings(_Strict):
     url: str = "sqlite:///./gateway.db"
     blob_dir: str = "./blobs"
     inline_max_bytes: int = Field(64 * 1024, ge=0)
+    # PostgreSQL connections per process (and as many again in overflow): every request holds one
+    # while it captures and once more while its outcome is written, from the worker-thread pool.
+    pool_size: int = Field(20, ge=1, le=500)
 
     @field_validator("url")
     @classmethod

@@ -48,7 +48,7 @@ from storage.record_types import AssemblyRecord, RunStart, UnknownParentRequest,
 SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id", "x-claude-code-session-id")
 PARENT_HEADER = "x-gateway-parent-request"
 _PARENT_REQUEST = re.compile(r"^req_[0-9a-f]{32}$")
-_OFF_LOOP_BYTES = 256 * 1024  # bodies past this are parsed and hashed in a worker thread
+_OFF_LOOP_BYTES = 32 * 1024  # bodies past this are parsed and hashed in a worker thread, off the event loop
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")  # the client's, sent on to the provider
 # How each upstream protocol is called: the answer as JSON, and as a relayed stream.
 COMPLETE = {"chat": forwarding.complete, "messages": messages_forwarding.complete,

@@ -32,3 +32,13 @@ def orphan_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[tuple[in
         else:
             open_calls = None
     return problems
+
+
+def ends_on_answered_round(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """True when the last message is a tool result and no call of the last assistant turn is open:
+    where an agent's request ends (the benchmarks cut transcripts back to such a place)."""
+    if not messages or messages[-1].get("role") != "tool":
+        return False
+    last = max(i for i, m in enumerate(messages) if m.get("role") == "assistant")
+    asked = {c["id"] for c in messages[last].get("tool_calls") or []}
+    return asked <= {m.get("tool_call_id") for m in messages[last + 1:]}

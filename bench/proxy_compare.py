@@ -1,0 +1,755 @@
+"""Added latency, throughput, startup and memory: this gateway against LiteLLM Proxy, in one run.
+
+    .venv/bin/python bench/proxy_compare.py --quick                  # smoke run, ~1 min
+    .venv/bin/python bench/proxy_compare.py --litellm-proxy          # the comparison, ~10 min
+    .venv/bin/python bench/proxy_compare.py --litellm-proxy --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+Every server is its own process on its own port on 127.0.0.1, against the
+constant-time upstream of bench/constant_upstream.py (which answers at once,
+so whatever a proxy adds is the proxy):
+  direct                        the upstream itself: the baseline (its row is the noise floor);
+  litellm-proxy                 LiteLLM Proxy 1.108.7 (--litellm-proxy), no database, a master key,
+                                from its own venv at bench/.litellm-proxy-venv (pip-installed if missing);
+  gateway-<policy>-<storage>    `gateway serve`, policies passthrough and coding-agent, on a fresh
+                                SQLite file, and on a fresh PostgreSQL schema with --postgres URL.
+Each gateway and proxy row gets a fresh process (and database), one worker unless --workers N.
+
+Transcripts (each request carries the whole of it, as agents send it, `model: fake`):
+synthetic coding-agent sessions of 100 and 1,000 messages (read_file, grep,
+pytest, edit and git rounds with outputs of a few hundred to a few thousand
+characters, from --seed), and the first 99 messages of the OpenHands trace
+tests/data/traces/openhands_codeact_llama4-maverick_ponyc-4588.jsonl. Requests
+alternate between the transcript as it is and the transcript plus one tool round
+never seen before, so the gateway captures on every other request.
+
+Per target and transcript:
+  added      interleaved sequential pairs (one direct, one through the target, the order
+             flipped every other pair): median of target - direct; p95 and p99 of the
+             target's own latency (--requests after --warmup);
+  load       20 and 50 concurrent keep-alive clients for --duration seconds after a short
+             warmup: requests/s and p95; any non-200 answer or transport error is an error;
+  startup    spawn until the first successful chat completion;
+  RSS        VmRSS of the process and its children after the load.
+The load generator runs in this process, on the same CPUs as the servers.
+Prints one table and, with LiteLLM Proxy, the gateway (coding-agent, SQLite)
+against it; writes every figure to --json (default bench/results/proxy_compare.json).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import itertools
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from policies.protocol import ends_on_answered_round  # noqa: E402
+from scripts.processes import free_port, postgres_schema  # noqa: E402
+
+BENCH = REPO / "bench"
+GATEWAY_BIN = Path(sys.executable).parent / "gateway"
+LITELLM_VERSION = "1.108.7"
+LITELLM_VENV = BENCH / ".litellm-proxy-venv"
+TRACE = REPO / "tests" / "data" / "traces" / "openhands_codeact_llama4-maverick_ponyc-4588.jsonl"
+TENANT_KEY = "sk-acme-1"
+UPSTREAM_KEY = "sk-upstream"
+LITELLM_MASTER_KEY = "sk-bench-master"
+CONCURRENCY = (20, 50)
+PING = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "ping"}]}).encode()
+# Children talk to 127.0.0.1 only: never through a proxy from the environment.
+CHILD_ENV = {**{k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")},
+             "NO_PROXY": "127.0.0.1,localhost", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+# --- transcripts ------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "description": "Run a shell command in the repository.",
+     "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file, with line numbers.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "edit_file", "description": "Replace text in a file.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"},
+                                                     "new": {"type": "string"}}, "required": ["path", "old", "new"]}}},
+]
+FILES = [f"src/tinyparse/{name}.py" for name in
+         ("parser", "lexer", "tokens", "ast", "errors", "config", "cli", "render", "cache", "schema")]
+NAMES = ["parse_expr", "next_token", "peek", "expect", "read_config", "resolve", "emit", "validate", "flush",
+         "normalize", "tokenize", "build_index", "span_of", "report_error", "load_schema"]
+VARS = ["token", "node", "source", "offset", "config", "result", "stack", "span", "items", "path"]
+CODE = ["def {f}({v}, {w}=None):", "    if {v} is None:", "        return {w}", "    {v} = {f}({w})",
+        "    for {v} in {w}:", "        {w}.append({f}({v}))", "    raise ParseError(f\"unexpected {{{v}!r}}\")",
+        "    return {v}", "", "class {F}Error(Exception):", "    \"\"\"Raised when {f} fails.\"\"\"",
+        "    {v}: list[str] = field(default_factory=list)", "    assert {v}.kind != TokenKind.EOF, {w}",
+        "    while {v} < len({w}):", "        {v} += 1", "    # TODO: {f} should not see {w} here",
+        "import {v}", "from .{v} import {f}"]
+
+
+def _code(rng: random.Random, count: int, start: int = 1) -> str:
+    lines = []
+    for number in range(start, start + count):
+        name = rng.choice(NAMES)
+        line = rng.choice(CODE).format(f=name, F=name.title().replace("_", ""), v=rng.choice(VARS), w=rng.choice(VARS))
+        lines.append(f"{number:>6}\t{line}")
+    return "\n".join(lines)
+
+
+def _grep(rng: random.Random, name: str) -> str:
+    hits = [f"{rng.choice(FILES)}:{rng.randint(1, 900)}:    {rng.choice(VARS)} = {name}({rng.choice(VARS)})"
+            for _ in range(rng.randint(4, 40))]
+    return "\n".join(sorted(hits))
+
+
+def _pytest(rng: random.Random, name: str) -> str:
+    passed, failed = rng.randint(40, 400), rng.randint(0, 3)
+    out = ["============================= test session starts ==============================",
+           "platform linux -- Python 3.11.9, pytest-8.3.2, pluggy-1.5.0", "rootdir: /workspace/tinyparse",
+           f"collected {passed + failed} items", ""]
+    for module in rng.sample(FILES, 4):
+        test = module.replace("src/tinyparse/", "tests/test_")
+        out.append(f"{test} {'.' * rng.randint(10, 60)}{'F' if failed else ''} [{rng.randint(5, 100):>3}%]")
+    for _ in range(failed):
+        out += ["", f"___________________________ test_{name}_{rng.choice(VARS)} ___________________________", "",
+                _code(rng, rng.randint(4, 12), rng.randint(10, 300)),
+                f">       assert {rng.choice(VARS)} == {rng.choice(VARS)}",
+                f"E       AssertionError: assert <Token {rng.randint(1, 99)}> == <Token {rng.randint(1, 99)}>", ""]
+    summary = f"{failed} failed, {passed} passed" if failed else f"{passed} passed"
+    out.append(f"========================= {summary} in {rng.uniform(0.5, 9):.2f}s =========================")
+    return "\n".join(out)
+
+
+def _diff(rng: random.Random, path: str) -> str:
+    out = [f"diff --git a/{path} b/{path}", f"index {rng.getrandbits(28):07x}..{rng.getrandbits(28):07x} 100644",
+           f"--- a/{path}", f"+++ b/{path}"]
+    for _ in range(rng.randint(1, 4)):
+        out.append(f"@@ -{rng.randint(1, 500)},7 +{rng.randint(1, 500)},8 @@")
+        out += [f"{rng.choice(' -+')}{line.split(chr(9), 1)[1]}" for line in _code(rng, 8).splitlines()]
+    return "\n".join(out)
+
+
+def _round(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """One assistant tool call and its result, a coding agent's typical step."""
+    path, name = rng.choice(FILES), rng.choice(NAMES)
+    kind = rng.choices(["read", "grep", "pytest", "edit", "git"], [35, 20, 20, 15, 10])[0]
+    if kind == "read":
+        tool, arguments, output = "read_file", {"path": path}, _code(rng, rng.randint(15, 110))
+        thought = f"Let me read {path} to see how {name} handles this."
+    elif kind == "grep":
+        tool, arguments, output = "bash", {"command": f"grep -rn '{name}(' src/"}, _grep(rng, name)
+        thought = f"Where else is {name} called?"
+    elif kind == "pytest":
+        tool, arguments = "bash", {"command": f"python -m pytest -x -q tests/ -k {name}"}
+        output, thought = _pytest(rng, name), "Running the tests again."
+    elif kind == "edit":
+        old = _code(rng, 2).split("\t", 1)[1]
+        tool, arguments = "edit_file", {"path": path, "old": old, "new": old.replace("return", "return None or")}
+        output = (f"The file {path} has been edited. Here's the result of running `cat -n` on a snippet:\n"
+                  f"{_code(rng, rng.randint(8, 30), rng.randint(1, 400))}\nReview the changes and make sure they are "
+                  "as expected. Edit the file again if necessary.")
+        thought = f"I'll fix {name} in {path} so it stops at the end of input."
+    else:
+        tool, arguments, output = "bash", {"command": f"git diff {path}"}, _diff(rng, path)
+        thought = "Let me check the diff so far."
+    call_id = f"call_{n:04d}"
+    return [{"role": "assistant", "content": thought, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": tool, "arguments": json.dumps(arguments)}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": output}]
+
+
+def synthetic_session(messages: int, seed: int) -> list[dict[str, Any]]:
+    """system, user, then (messages - 2) / 2 tool rounds; the same messages for the same seed."""
+    rng = random.Random(seed)
+    session = [{"role": "system", "content": "You are a careful coding agent working in /workspace/tinyparse. "
+                "Use the tools to inspect files and run commands; make minimal changes; run the tests. " * 12},
+               {"role": "user", "content": "test_parser.py::test_nested_brackets fails with an AssertionError "
+                "since the last release. Find the cause, fix it and make sure the whole suite passes."}]
+    for n in range(1, (messages - 2) // 2 + 1):
+        session += _round(rng, n)
+    return session
+
+
+def trace_session(limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The first `limit` messages of TRACE, cut back to end on an answered tool round; and its tools."""
+    trace = json.loads(TRACE.read_text(encoding="utf-8").splitlines()[0])
+    cut = list(trace["messages"][:limit])
+    while cut and not ends_on_answered_round(cut):
+        cut.pop()
+    return cut, trace.get("tools") or TOOLS
+
+
+@dataclass
+class Transcript:
+    """A transcript serialised once; `body(n)` appends tool round n (never seen) without re-serialising."""
+
+    name: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    stream: bool
+    head: bytes = b""
+    templates: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        body: dict[str, Any] = {"model": "fake", "tools": self.tools}
+        if self.stream:
+            body["stream"] = True
+        body["messages"] = self.messages  # last, so its closing `]}` ends the bytes
+        self.head = json.dumps(body).encode()
+        self.templates = [(call, result) for call, result in zip(self.messages, self.messages[1:])
+                          if call.get("role") == "assistant" and len(call.get("tool_calls") or []) == 1
+                          and result.get("role") == "tool" and 300 <= len(result.get("content") or "") <= 3000]
+
+    def body(self, round_number: int | None = None) -> bytes:
+        if round_number is None:
+            return self.head
+        call, result = self.templates[round_number % len(self.templates)]
+        call_id = f"call_bench_{round_number:06d}"
+        extra = [{**call, "tool_calls": [{**call["tool_calls"][0], "id": call_id}]},
+                 {**result, "tool_call_id": call_id, "content": f"{result['content']}\n[bench round {round_number}]"}]
+        return self.head[:-2] + b", " + json.dumps(extra).encode()[1:-1] + b"]}"
+
+
+def build_transcripts(args: argparse.Namespace) -> list[Transcript]:
+    trace_messages, trace_tools = trace_session(99)
+    every = {
+        "synthetic-100": lambda: Transcript("synthetic-100", synthetic_session(100, args.seed), TOOLS, args.stream),
+        "synthetic-1000": lambda: Transcript("synthetic-1000", synthetic_session(1000, args.seed), TOOLS, args.stream),
+        f"trace-{len(trace_messages)}": lambda: Transcript(f"trace-{len(trace_messages)}", trace_messages,
+                                                           trace_tools, args.stream),
+    }
+    wanted = ["synthetic-100"] if args.quick and not args.transcripts else args.transcripts or list(every)
+    unknown = [name for name in wanted if name not in every]
+    if unknown:
+        raise SystemExit(f"unknown transcript(s) {unknown}; choose from {list(every)}")
+    return [every[name]() for name in wanted]
+
+
+# --- servers ----------------------------------------------------------------
+
+@dataclass
+class Server:
+    """A server process in its own process group, and how to call it."""
+
+    name: str
+    command: list[str]
+    port: int
+    api_key: str
+    log: Path
+    env: dict[str, str] = field(default_factory=lambda: dict(CHILD_ENV))
+    process: subprocess.Popen | None = None
+    startup_s: float = math.nan
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"content-type": "application/json", "authorization": f"Bearer {self.api_key}"}
+
+    def start(self, timeout: float) -> "Server":
+        """Spawn, then time until the first successful chat completion."""
+        started = time.monotonic()
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(self.command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                            env=self.env, start_new_session=True)
+        with httpx.Client(base_url=self.api_base, headers=self.headers, timeout=5, trust_env=False) as client:
+            while time.monotonic() - started < timeout:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
+                try:
+                    if client.post("/chat/completions", content=PING).status_code == 200:
+                        self.startup_s = time.monotonic() - started
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.05)
+        raise RuntimeError(f"{self.name} answered no chat completion in {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def rss_mb(self) -> float:
+        """VmRSS of the process and all its descendants."""
+        if self.process is None:
+            return math.nan
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(parent, []).append(int(entry.name))
+        total_kb, todo = 0, [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            todo += children.get(pid, [])
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        return total_kb / 1024
+
+
+def upstream_server(folder: Path) -> Server:
+    port = free_port()
+    return Server("direct", [sys.executable, str(BENCH / "constant_upstream.py"), "--port", str(port)],
+                  port, UPSTREAM_KEY, folder / "upstream.log")
+
+
+def gateway_accepts_workers() -> bool:
+    result = subprocess.run([str(GATEWAY_BIN), "serve", "--help"], capture_output=True, text=True,
+                            env=CHILD_ENV, timeout=120)
+    return "--workers" in result.stdout
+
+
+@contextmanager
+def gateway_server(policy: str, storage_url: str | None, upstream: Server, workers: int,
+                   folder: Path) -> Iterator[Server]:
+    """`gateway serve` on a fresh SQLite file (storage_url None) or a fresh schema of that PostgreSQL."""
+    with postgres_schema(storage_url) if storage_url else nullcontext(f"sqlite:///{folder / 'gateway.db'}") as url:
+        port = free_port()
+        config = {
+            "models": [{"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": upstream.api_base,
+                                                            "api_key": "x"}}],
+            "tenants": [{"id": "acme", "api_keys": [TENANT_KEY], "policy": policy}],
+            "storage": {"url": url, "blob_dir": str(folder / "blobs")},
+            "server": {"host": "127.0.0.1", "port": port},
+            "log_level": "warning",
+        }
+        path = folder / "gateway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        command = [str(GATEWAY_BIN), "serve", "--config", str(path), "--port", str(port)]
+        if workers > 1:
+            command += ["--workers", str(workers)]
+        yield Server("gateway", command, port, TENANT_KEY, folder / "gateway.log")
+
+
+def litellm_proxy_installed() -> bool:
+    python = LITELLM_VENV / "bin" / "python"
+    if not (LITELLM_VENV / "bin" / "litellm").exists():
+        return False
+    check = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                           capture_output=True, text=True)
+    return check.stdout.strip() == LITELLM_VERSION
+
+
+def install_litellm_proxy() -> str | None:
+    """Create bench/.litellm-proxy-venv with litellm[proxy] pinned, unless there; None, or why it failed."""
+    if litellm_proxy_installed():
+        return None
+    print(f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV.relative_to(REPO)} ...", flush=True)
+    steps = [[sys.executable, "-m", "venv", str(LITELLM_VENV)],
+             [str(LITELLM_VENV / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+              f"litellm[proxy]=={LITELLM_VERSION}"]]
+    for step in steps:
+        try:
+            result = subprocess.run(step, capture_output=True, text=True, timeout=1800)
+        except subprocess.TimeoutExpired:
+            return f"`{shlex.join(step)}` took over 30 minutes"
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+            return f"`{shlex.join(step)}` failed ({result.returncode}):\n{tail}"
+    return None if litellm_proxy_installed() else "installed, but `litellm` is missing or the wrong version"
+
+
+@contextmanager
+def litellm_server(upstream: Server, workers: int, folder: Path) -> Iterator[Server]:
+    """LiteLLM Proxy with no database (no DATABASE_URL), a master key and the local price map."""
+    port = free_port()
+    config = {
+        "model_list": [{"model_name": "fake", "litellm_params": {"model": "openai/fake",
+                                                                 "api_base": upstream.api_base, "api_key": "x"}}],
+        "general_settings": {"master_key": LITELLM_MASTER_KEY},
+        "litellm_settings": {"telemetry": False},
+    }
+    path = folder / "litellm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in CHILD_ENV.items() if k not in ("DATABASE_URL", "DIRECT_URL")}
+    env.update({"LITELLM_LOG": "ERROR", "DISABLE_ADMIN_UI": "True", "LITELLM_DONT_SHOW_FEEDBACK_BOX": "True"})
+    command = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1",
+               "--port", str(port), "--num_workers", str(workers)]
+    yield Server("litellm-proxy", command, port, LITELLM_MASTER_KEY, folder / "litellm.log", env=env)
+
+
+@dataclass
+class TargetSpec:
+    """A row's target: `open(folder)` gives the (not yet started) server, preparing what it needs."""
+
+    name: str
+    open: Callable[[Path], ContextManager[Server]]
+    startup_timeout: float = 120.0
+    shared: bool = False  # the upstream itself: already running, not restarted per row
+
+
+def target_specs(args: argparse.Namespace, upstream: Server, notes: list[str]) -> list[TargetSpec]:
+    specs = [TargetSpec("direct", lambda folder: nullcontext(upstream), shared=True)]
+    if args.litellm_proxy:
+        failure = install_litellm_proxy()
+        if failure:
+            notes.append(f"LiteLLM Proxy skipped: {failure}")
+            print(notes[-1], flush=True)
+        else:
+            specs.append(TargetSpec("litellm-proxy", lambda folder: litellm_server(upstream, args.workers, folder),
+                                    startup_timeout=300.0))
+            notes.append("LiteLLM Proxy ran without a database (no spend logs, no virtual keys: the master key only); "
+                         "the gateway writes every request, its new nodes and artifacts to its database")
+    gateway_workers = args.workers
+    if args.workers > 1 and not gateway_accepts_workers():
+        notes.append(f"`gateway serve --help` lists no --workers: the gateway ran with 1 worker, not {args.workers}")
+        print(notes[-1], flush=True)
+        gateway_workers = 1
+    storages: list[tuple[str, str | None]] = [("sqlite", None)] + ([("postgres", args.postgres)] if args.postgres else [])
+    for storage, url in storages:
+        for policy in ("passthrough", "coding-agent"):
+            specs.append(TargetSpec(f"gateway-{policy}-{storage}", lambda folder, p=policy, u=url:
+                                    gateway_server(p, u, upstream, gateway_workers, folder)))
+    return specs
+
+
+# --- measurements -----------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (as numpy's default); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered, k = sorted(values), (len(values) - 1) * q / 100
+    lo, hi = math.floor(k), min(math.floor(k) + 1, len(values) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def ok_response(response: httpx.Response, stream: bool) -> bool:
+    if response.status_code != 200:
+        return False
+    if stream:
+        return response.content.rstrip().endswith(b"data: [DONE]")
+    return b'"choices"' in response.content
+
+
+def timed_ms(client: httpx.Client, body: bytes, stream: bool) -> tuple[float, str | None]:
+    """(ms to the last byte, None) or (ms, what went wrong)."""
+    start = time.perf_counter()
+    try:
+        response = client.post("/chat/completions", content=body)
+    except httpx.HTTPError as error:
+        return (time.perf_counter() - start) * 1000, f"{type(error).__name__}: {error}"
+    elapsed = (time.perf_counter() - start) * 1000
+    return elapsed, None if ok_response(response, stream) else f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+def sequential(direct: Server, target: Server, transcript: Transcript, rounds: Iterator[int],
+               requests: int, warmup: int) -> dict[str, Any]:
+    """Interleaved pairs, the same bytes to both; the order flips every other pair."""
+    pairs: list[tuple[float, float, bool]] = []  # (direct ms, target ms, with a new round)
+    errors: list[str] = []
+    with httpx.Client(base_url=direct.api_base, headers=direct.headers, timeout=120, trust_env=False) as base, \
+            httpx.Client(base_url=target.api_base, headers=target.headers, timeout=120, trust_env=False) as via:
+        for i in range(warmup + requests):
+            body = transcript.body(next(rounds) if i % 2 else None)
+            if (i // 2) % 2:
+                target_ms, target_error = timed_ms(via, body, transcript.stream)
+                direct_ms, direct_error = timed_ms(base, body, transcript.stream)
+            else:
+                direct_ms, direct_error = timed_ms(base, body, transcript.stream)
+                target_ms, target_error = timed_ms(via, body, transcript.stream)
+            if direct_error:
+                raise RuntimeError(f"the direct upstream failed: {direct_error}")
+            if target_error:
+                errors.append(target_error)
+            elif i >= warmup:
+                pairs.append((direct_ms, target_ms, bool(i % 2)))
+    added = [t - d for d, t, _ in pairs]
+    latency = [t for _, t, _ in pairs]
+    return {"pairs": len(pairs), "errors": len(errors), "first_error": errors[0] if errors else None,
+            "added_ms": {"median": percentile(added, 50), "p95": percentile(added, 95), "p99": percentile(added, 99),
+                         "median_resend": percentile([t - d for d, t, new in pairs if not new], 50),
+                         "median_new_round": percentile([t - d for d, t, new in pairs if new], 50)},
+            "target_ms": {"median": percentile(latency, 50), "p95": percentile(latency, 95),
+                          "p99": percentile(latency, 99)},
+            "direct_ms": {"median": percentile([d for d, _, _ in pairs], 50)}}
+
+
+async def _drive(clients: list[httpx.AsyncClient], transcript: Transcript, rounds: Iterator[int],
+                 seconds: float) -> tuple[list[float], list[str], float]:
+    """Each client loops, alternating resend / +round, until `seconds` have passed; (ok ms, errors, elapsed)."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    start = time.perf_counter()
+    end = start + seconds
+
+    async def one_client(client: httpx.AsyncClient, offset: int) -> None:
+        for i in itertools.count(offset):
+            if time.perf_counter() >= end:
+                return
+            body = transcript.body(next(rounds) if i % 2 else None)
+            sent = time.perf_counter()
+            try:
+                response = await client.post("/chat/completions", content=body)
+            except httpx.HTTPError as error:
+                errors.append(f"{type(error).__name__}: {error}")
+                continue
+            if ok_response(response, transcript.stream):
+                latencies.append((time.perf_counter() - sent) * 1000)
+            else:
+                errors.append(f"HTTP {response.status_code}: {response.text[:200]}")
+
+    await asyncio.gather(*(one_client(client, n) for n, client in enumerate(clients)))
+    return latencies, errors, time.perf_counter() - start
+
+
+async def _load(target: Server, transcript: Transcript, rounds: Iterator[int], clients: int, seconds: float,
+                warmup: float) -> dict[str, Any]:
+    # One AsyncClient (one keep-alive connection) per simulated client: a shared pool of 50
+    # costs httpx several times the CPU per request, CPU the servers on this machine need.
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    pool = [httpx.AsyncClient(base_url=target.api_base, headers=target.headers, timeout=120, limits=one,
+                              trust_env=False) for _ in range(clients)]
+    try:
+        await _drive(pool, transcript, rounds, warmup)
+        latencies, errors, elapsed = await _drive(pool, transcript, rounds, seconds)
+    finally:
+        await asyncio.gather(*(client.aclose() for client in pool))
+    return {"clients": clients, "seconds": elapsed, "ok": len(latencies), "errors": len(errors),
+            "first_error": errors[0] if errors else None, "rps": len(latencies) / elapsed,
+            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95)}
+
+
+def load(target: Server, transcript: Transcript, rounds: Iterator[int], clients: int, seconds: float,
+         warmup: float) -> dict[str, Any]:
+    """Throughput and latency under `clients` concurrent keep-alive clients (uvloop when installed)."""
+    coroutine = _load(target, transcript, rounds, clients, seconds, warmup)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def measure(spec: TargetSpec, upstream: Server, transcript: Transcript, rounds: Iterator[int],
+            args: argparse.Namespace) -> dict[str, Any]:
+    """One row: start the target (fresh), the sequential pairs, the loads, its RSS; stop it."""
+    row: dict[str, Any] = {"target": spec.name, "transcript": transcript.name,
+                           "messages": len(transcript.messages), "body_kib": len(transcript.head) / 1024}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"proxy-compare-{spec.name}-") as tmp:
+        try:
+            with spec.open(Path(tmp)) as server:
+                try:
+                    if not spec.shared:
+                        server.start(spec.startup_timeout)
+                    row["startup_s"] = server.startup_s
+                    row["sequential"] = sequential(upstream, server, transcript, rounds, args.requests, args.warmup)
+                    row["load"] = {str(c): load(server, transcript, rounds, c, args.duration, args.load_warmup)
+                                   for c in CONCURRENCY}
+                    row["rss_mb"] = server.rss_mb()
+                finally:
+                    if not spec.shared:
+                        server.stop()
+                    row["log_tail"] = server.log_tail()
+        except Exception as error:  # a target that fails is reported, the others still run
+            row["failed"] = f"{type(error).__name__}: {error}"
+    row["errors"] = (row.get("sequential", {}).get("errors", 0)
+                     + sum(result["errors"] for result in row.get("load", {}).values()))
+    if not row["errors"] and "failed" not in row:
+        row.pop("log_tail", None)
+    row["wall_s"] = time.monotonic() - started
+    return row
+
+
+# --- report -----------------------------------------------------------------
+
+COLUMNS = [("transcript", 15), ("target", 29), ("added med", 9), ("p95", 8), ("p99", 8), ("rps@20", 8),
+           ("p95@20", 8), ("rps@50", 8), ("p95@50", 8), ("errors", 6), ("startup s", 9), ("RSS MB", 7)]
+
+
+def row_cells(row: dict[str, Any]) -> list[str]:
+    if "failed" in row and "sequential" not in row:
+        return [row["transcript"], row["target"], f"FAILED: {row['failed'].splitlines()[0][:80]}"]
+    seq, loads = row["sequential"], row.get("load", {})
+
+    def at(clients: int, key: str, digits: int) -> str:
+        value = loads.get(str(clients), {}).get(key, math.nan)
+        return f"{value:.{digits}f}"
+
+    return [row["transcript"], row["target"], f"{seq['added_ms']['median']:.2f}", f"{seq['target_ms']['p95']:.2f}",
+            f"{seq['target_ms']['p99']:.2f}", at(20, "rps", 1), at(20, "p95_ms", 1), at(50, "rps", 1),
+            at(50, "p95_ms", 1), str(row["errors"]), f"{row.get('startup_s', math.nan):.2f}",
+            f"{row.get('rss_mb', math.nan):.0f}"]
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = "  ".join(f"{name:<{width}}" if i < 2 else f"{name:>{width}}" for i, (name, width) in enumerate(COLUMNS))
+    print(f"\n{header}\n{'-' * len(header)}")
+    for row in rows:
+        cells = row_cells(row)
+        print("  ".join(f"{cell:<{width}}" if i < 2 or len(cells) < len(COLUMNS) else f"{cell:>{width}}"
+                        for i, (cell, (_, width)) in enumerate(zip(cells, COLUMNS))))
+    print("added med: median of (target - direct) over interleaved pairs; p95/p99: the target's own latency (ms); "
+          "rps@N/p95@N: N concurrent clients; errors: non-200 and transport errors, all phases")
+    print("\nadded median (ms) by request: resend of the transcript / transcript + 1 new tool round")
+    for row in rows:
+        added = row.get("sequential", {}).get("added_ms")
+        if added:
+            print(f"  {row['transcript']:<15} {row['target']:<29} {added['median_resend']:>8.2f} / "
+                  f"{added['median_new_round']:.2f}")
+
+
+def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per transcript: the gateway (coding-agent, SQLite) over LiteLLM Proxy."""
+    found = {(row["transcript"], row["target"]): row for row in rows if "sequential" in row and "load" in row}
+    out = []
+    for transcript in dict.fromkeys(row["transcript"] for row in rows):
+        gateway, litellm = found.get((transcript, "gateway-coding-agent-sqlite")), found.get((transcript, "litellm-proxy"))
+        if not gateway or not litellm:
+            continue
+        g20, l20 = gateway["load"]["20"], litellm["load"]["20"]
+        g_added, l_added = gateway["sequential"]["added_ms"]["median"], litellm["sequential"]["added_ms"]["median"]
+        out.append({"transcript": transcript, "added_median_ms": {"gateway": g_added, "litellm": l_added},
+                    "added_median_ratio": g_added / l_added if l_added > 0 else math.nan,
+                    "rps20": {"gateway": g20["rps"], "litellm": l20["rps"]},
+                    "rps20_ratio": g20["rps"] / l20["rps"] if l20["rps"] else math.nan,
+                    "p95_20_ms": {"gateway": g20["p95_ms"], "litellm": l20["p95_ms"]},
+                    "p95_20_ratio": g20["p95_ms"] / l20["p95_ms"] if l20["p95_ms"] else math.nan})
+    return out
+
+
+def print_comparisons(found: list[dict[str, Any]]) -> None:
+    if not found:
+        return
+    print("\ngateway (coding-agent, SQLite) vs LiteLLM Proxy")
+    for c in found:
+        print(f"  {c['transcript']:<15} added median {c['added_median_ms']['gateway']:.2f} / "
+              f"{c['added_median_ms']['litellm']:.2f} ms = {c['added_median_ratio']:.2f}x;  "
+              f"rps@20 {c['rps20']['gateway']:.1f} / {c['rps20']['litellm']:.1f} = {c['rps20_ratio']:.2f}x;  "
+              f"p95@20 {c['p95_20_ms']['gateway']:.1f} vs {c['p95_20_ms']['litellm']:.1f} ms "
+              f"({c['p95_20_ratio']:.2f}x)")
+
+
+def finite(value: Any) -> Any:
+    """`value` with NaN (a figure that could not be measured) as None, so the JSON is strict."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    return value
+
+
+def machine() -> dict[str, Any]:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = {"cpus": cpus, "os_cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "gateway_litellm_sdk": importlib.metadata.version("litellm")}
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+        info["cpu_model"] = model
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, help="measured sequential pairs per row (default 200; --quick 20)")
+    parser.add_argument("--warmup", type=int, help="unmeasured pairs first (default 20; --quick 4)")
+    parser.add_argument("--duration", type=float, help="seconds of load per concurrency (default 10; --quick 2)")
+    parser.add_argument("--load-warmup", type=float, help="seconds of unmeasured load first (default 2; --quick 0.5)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes of each proxy (default 1)")
+    parser.add_argument("--litellm-proxy", action="store_true",
+                        help=f"also LiteLLM Proxy {LITELLM_VERSION} (installed into {LITELLM_VENV.relative_to(REPO)})")
+    parser.add_argument("--postgres", metavar="URL",
+                        help="also the gateway on PostgreSQL (a fresh schema per row), "
+                             "e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--transcripts", nargs="+", metavar="NAME",
+                        help="synthetic-100, synthetic-1000 and/or trace-99 (default all; --quick synthetic-100)")
+    parser.add_argument("--stream", action="store_true", help="send `stream: true` and time to the last byte")
+    parser.add_argument("--seed", type=int, default=7, help="of the synthetic transcripts (default 7)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short loads, one transcript")
+    parser.add_argument("--json", type=Path, default=BENCH / "results" / "proxy_compare.json",
+                        help="write every figure here (default bench/results/proxy_compare.json)")
+    args = parser.parse_args()
+    defaults = {"requests": (200, 20), "warmup": (20, 4), "duration": (10.0, 2.0), "load_warmup": (2.0, 0.5)}
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    if args.requests < 1 or args.warmup < 0 or args.duration <= 0 or args.load_warmup < 0 or args.workers < 1:
+        parser.error("--requests and --workers must be >= 1, --duration > 0, --warmup and --load-warmup >= 0")
+
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    info = machine()
+    print(f"command: {command}")
+    print(f"machine: {info['cpus']} CPUs ({info.get('cpu_model', '?')}), python {info['python']} on {info['platform']}; "
+          f"the gateway's LiteLLM SDK {info['gateway_litellm_sdk']}")
+    transcripts = build_transcripts(args)
+    for t in transcripts:
+        print(f"transcript {t.name}: {len(t.messages)} messages, {len(t.head) / 1024:.0f} KiB body, "
+              f"{len(t.tools)} tool schemas{', streaming' if t.stream else ''}")
+    notes: list[str] = []
+    rows: list[dict[str, Any]] = []
+    rounds = itertools.count(1)  # every +round request of the run gets a round never sent before
+    with tempfile.TemporaryDirectory(prefix="proxy-compare-") as tmp:
+        upstream = upstream_server(Path(tmp))
+        try:
+            upstream.start(30)
+            specs = target_specs(args, upstream, notes)
+            for transcript in transcripts:
+                for spec in specs:
+                    print(f"{transcript.name} / {spec.name} ...", end=" ", flush=True)
+                    rows.append(measure(spec, upstream, transcript, rounds, args))
+                    failed = rows[-1].get("failed", "").splitlines()[:1]
+                    print(f"{rows[-1]['wall_s']:.0f} s" + "".join(f"  FAILED: {line}" for line in failed), flush=True)
+        finally:
+            upstream.stop()
+
+    print_table(rows)
+    found = comparisons(rows)
+    print_comparisons(found)
+    for note in notes:
+        print(f"note: {note}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    report = {"command": command, "machine": info, "options": {k: str(v) if isinstance(v, Path) else v
+                                                               for k, v in vars(args).items()},
+              "litellm_proxy_version": LITELLM_VERSION if any(r["target"] == "litellm-proxy" for r in rows) else None,
+              "rows": rows, "gateway_vs_litellm": found, "notes": notes}
+    args.json.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False) + "\n")
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
