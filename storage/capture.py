@@ -63,7 +63,8 @@ class Capture(StoreBase):
             raise ValueError("a request has at least one message")
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                return self._ingest(path, run)
+                with self._writing:
+                    return self._ingest(path, run)
             except DataError as exc:
                 raise UnstorableValue(str(getattr(exc, "orig", exc)).splitlines()[0]) from exc
             except IntegrityError:
@@ -373,7 +374,7 @@ class Capture(StoreBase):
             "response_json": canonical_json(outcome.response) if outcome.response else None,
             "finished_at": self._now(),
         }
-        with Session(self.engine) as session, session.begin():
+        with self._writing, Session(self.engine) as session, session.begin():
             finished = session.execute(
                 update(ModelRun).where(ModelRun.id == request_id, ModelRun.status.in_(("pending", "interrupted")))
                 .values(**values).returning(ModelRun.tenant, ModelRun.conversation_id)

@@ -1,6 +1,8 @@
 """What every part of the record store shares: the engine, the blob store, the clock."""
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -31,6 +33,11 @@ class StoreBase:
         self.inline_max_bytes = inline_max_bytes
         self.instance_id = instance_id  # set by register_instance when a gateway serves
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
+        # SQLite's busy handler (1 ms, then 2, 5, ... up to 100 ms a try). The threads of one
+        # process take turns here instead, handing over the moment a write commits; other
+        # processes (--workers, replicas) still meet the busy handler.
+        self._writing = threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
 
     @property
     def is_postgresql(self) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,10 +29,14 @@ def test_two_workers_serve_one_socket_and_record_every_run(storage_url: str, tmp
                           workers=2).start()
         engine = sqlalchemy.create_engine(storage_url)
         try:
+            instances = 0
+            deadline = time.monotonic() + 60
+            while instances < 2 and time.monotonic() < deadline:  # each worker registers itself as it starts
+                with engine.connect() as connection:
+                    instances = connection.execute(sqlalchemy.text("SELECT count(*) FROM gateway_instances")).scalar()
+                time.sleep(0.2)
             with ThreadPoolExecutor(8) as pool:
                 answers = list(pool.map(lambda n: _turn(gateway.url, n), range(40)))
-            with engine.connect() as connection:  # each worker registers itself while it serves
-                instances = connection.execute(sqlalchemy.text("SELECT count(*) FROM gateway_instances")).scalar()
         finally:
             gateway.stop()
         try:
