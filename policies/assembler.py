@@ -18,7 +18,6 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 """
 from __future__ import annotations
 
-import bisect
 import functools
 import hashlib
 import heapq
@@ -29,7 +28,9 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from policies.memories import ArtifactView, compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_of
+from policies.memories import (
+    ArtifactView, compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of,
+)
 from policies.policy import Policy, ToolRule
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
@@ -293,8 +294,7 @@ class _Assembly:
         self._savings: dict[tuple[int, str | None, str | None], int] = {}
         self._index_later_results()
         self._index_duplicates()
-        self._term_sources: list[tuple[int, frozenset[str]]] | None = None
-        self._terms_upto: list[frozenset[str]] = []
+        self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
         self._arguments: dict[int, tuple[dict[str, Any], str, int] | None] = {}
 
     # -- facts about one tool message, as of a snapshot (rounds <= upto) ---------
@@ -382,10 +382,10 @@ class _Assembly:
         return next((i for i in candidates if self.access(i).raw and not self.restricted(i)), None)
 
     def terms_before(self, index: int) -> frozenset[str]:
-        """Identifiers and amounts the user turns and tool-call arguments named before `index`
-        (only what came before, so a memory renders the same on every later request)."""
-        if self._term_sources is None:
-            self._term_sources = []
+        """The identifiers and amounts of result `index` that user turns and tool-call arguments named
+        before it (only what came before, so a memory renders the same on every later request)."""
+        if self._first_named is None:
+            self._first_named = {}
             for position, message in enumerate(self.messages):
                 if message.get("role") == "user":
                     content = message.get("content")
@@ -395,13 +395,13 @@ class _Assembly:
                                     and isinstance(arguments := (c.get("function") or {}).get("arguments"), str))
                 else:
                     continue
-                if found := terms_of(text):
-                    self._term_sources.append((position, found))
-            self._terms_upto = [frozenset()]  # the union of the first k sources, built as needed
-        count = bisect.bisect_left(self._term_sources, (index,))
-        while len(self._terms_upto) <= count:
-            self._terms_upto.append(self._terms_upto[-1] | self._term_sources[len(self._terms_upto) - 1][1])
-        return self._terms_upto[count]
+                for term in terms_of(text):
+                    self._first_named.setdefault(term, position)
+        if not self._first_named:
+            return frozenset()
+        never = len(self.messages)
+        return frozenset(t for t in terms_in(self.records.artifacts[index])
+                         if self._first_named.get(t, never) < index)
 
     def compacted_arguments(self, index: int) -> tuple[dict[str, Any], str, int] | None:
         """The assistant message at `index` with its long call arguments compacted, the first

@@ -313,6 +313,29 @@ def _error_excerpt(text: str, c: Compaction, salience: Salience) -> list[Kept]:
     return _text_excerpt(text, c, salience)
 
 
+@functools.lru_cache(maxsize=4096)
+def _terms_in(content: str) -> frozenset[str]:
+    found: set[str] = set()
+    for line in _folded_lines(content):
+        found |= terms_of(line.text)
+    stripped = content.strip()
+    if stripped[:1] in ("[", "{"):
+        try:
+            value = json.loads(stripped)
+        except ValueError:
+            value = None
+        if value is not None:
+            for path, text in _json_leaves(value):
+                found |= terms_of(f"{path}: {text}")
+    return frozenset(found)
+
+
+def terms_in(view: ArtifactView) -> frozenset[str]:
+    """Every identifier or amount any line an extractor may weigh holds (a superset): a memory
+    depends on the conversation's named terms only through these."""
+    return _terms_in(view.content)
+
+
 def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction, terms: frozenset[str] = frozenset()) -> list[Kept]:
     """The lines of the memory's body, by the rule's extractor, each with why it was kept."""
     kind = rule.extractor
