@@ -18,13 +18,10 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import heapq
 import json
 import re
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -32,6 +29,9 @@ from policies.memories import (
     ArtifactView, compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of,
 )
 from policies.policy import Policy, ToolRule
+from policies.result_facts import (
+    BoundedCache, argument_value, loose_digest, revision_of, short_values, shown_revision,
+)
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
 
@@ -104,31 +104,7 @@ class Projection:
         return any(d.action in _REFERENCING for d in self.decisions)
 
 
-class _BoundedCache:
-    """A small LRU for memories: rendering is a pure function of the key, so
-    sharing results between requests changes no output, only the time taken."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        return None
-
-    def put(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._items[key] = value
-            if len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-
-_RENDERED = _BoundedCache(8192)
-_LOOSE = _BoundedCache(65536)
+_RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key
 
 
 @dataclass
@@ -177,96 +153,6 @@ def _rounds(messages: Sequence[Mapping[str, Any]]) -> list[_Round]:
     return rounds
 
 
-def _argument(arguments: str | None, path: str) -> str | None:
-    """The value at `arguments.x.y` of a call's JSON arguments, canonicalised (several paths joined
-    by commas: the values together)."""
-    try:
-        parsed: Any = json.loads(arguments or "")
-    except ValueError:
-        return None
-    values = []
-    for one in path.split(","):
-        value = _at(parsed, one.split(".")[1:])
-        if value is _MISSING:
-            return None
-        values.append(value)
-    return json.dumps(values[0] if len(values) == 1 else values, sort_keys=True)
-
-
-_MISSING = object()
-
-
-def _at(value: Any, keys: Sequence[str]) -> Any:
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return _MISSING
-        value = value[key]
-    return value
-
-
-def _revision(view: ArtifactView, path: str) -> tuple[int, float | str] | None:
-    """A result's revision at `arguments.x` or `result.x`, comparable: numbers before strings."""
-    source, _, rest = path.partition(".")
-    try:
-        parsed = json.loads((view.arguments if source == "arguments" else view.content) or "")
-    except ValueError:
-        return None
-    value = _at(parsed, rest.split("."))
-    if value is _MISSING or value is None or isinstance(value, (dict, list, bool)):
-        return None
-    try:
-        return (0, float(value))
-    except (TypeError, ValueError):
-        return (1, str(value))
-
-
-def _loose_digest(view: ArtifactView) -> str | None:
-    """A digest of the output with timestamps and timings blanked (None: it has none), memoised by
-    content hash: every request of a conversation asks again for the same outputs."""
-    found = _LOOSE.get(view.sha256)
-    if found is None:
-        normal = _VOLATILE.sub("#", view.content)
-        found = "" if normal == view.content else hashlib.sha256(normal.encode("utf-8", "surrogatepass")).hexdigest()
-        _LOOSE.put(view.sha256, found)
-    return found or None
-
-
-_VOLATILE = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"  # ISO timestamps
-    r"|\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"  # clock times
-    r"|\b\d+(?:\.\d+)?\s?(?:ms|s|sec|secs|seconds)\b"  # elapsed times
-)
-
-
-@functools.lru_cache(maxsize=16384)
-def _short_values(arguments: str) -> str:
-    """The short scalar values of a call's JSON arguments (ids, amounts, names), not its commands,
-    paths or file contents: what a later output may echo that matters."""
-    try:
-        value = json.loads(arguments or "")
-    except (TypeError, ValueError):
-        return ""
-    out: list[str] = []
-
-    def walk(item: Any) -> None:
-        if isinstance(item, dict):
-            for nested in item.values():
-                walk(nested)
-        elif isinstance(item, list):
-            for nested in item:
-                walk(nested)
-        elif isinstance(item, (int, float)) and not isinstance(item, bool) or isinstance(item, str) and len(item) <= 40:
-            out.append(str(item))
-
-    walk(value)
-    return " ".join(out)
-
-
-def _shown(revision: tuple[int, float | str]) -> str:
-    value = revision[1]
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
 def _age(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -313,7 +199,7 @@ class _Assembly:
         latest_by_call: dict[tuple[str | None, str | None], int] = {}
         for index in sorted(self.records.artifacts, reverse=True):
             view, rule = self.records.artifacts[index], self.rule(index)
-            key = _argument(view.arguments, rule.supersede_on) if rule.supersede_on else None
+            key = argument_value(view.arguments, rule.supersede_on) if rule.supersede_on else None
             keyed = (rule.supersede_on, key) if rule.supersede_on and key is not None else None
             if keyed and keyed in latest_by_key and not rule.revision_on:
                 self.superseder[index] = latest_by_key[keyed]
@@ -340,10 +226,10 @@ class _Assembly:
             view, rule = self.records.artifacts[index], self.rule(index)
             if not (rule.supersede_on and rule.revision_on):
                 continue
-            key = _argument(view.arguments, rule.supersede_on)
+            key = argument_value(view.arguments, rule.supersede_on)
             if key is not None:
                 documents.setdefault((rule.supersede_on, key), []).append(index)
-                self.revision[index] = _revision(view, rule.revision_on)
+                self.revision[index] = revision_of(view, rule.revision_on)
         for members in documents.values():
             for index in members:
                 mine = self.revision[index]
@@ -369,7 +255,7 @@ class _Assembly:
             view = self.records.artifacts[index]
             if view.status != "ok" or not view.content:
                 continue
-            normal = _loose_digest(view)
+            normal = loose_digest(view)
             for table, key, is_exact in ((exact, view.sha256, True), (loose, normal, False)):
                 if key is None:
                     continue
@@ -391,7 +277,7 @@ class _Assembly:
                     content = message.get("content")
                     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
                 elif message.get("role") == "assistant" and message.get("tool_calls"):
-                    text = " ".join(_short_values(arguments) for c in message["tool_calls"] if isinstance(c, Mapping)
+                    text = " ".join(short_values(arguments) for c in message["tool_calls"] if isinstance(c, Mapping)
                                     and isinstance(arguments := (c.get("function") or {}).get("arguments"), str))
                 else:
                     continue
@@ -502,8 +388,8 @@ class _Assembly:
         view = self.records.artifacts[index]
         later = self.superseder[index]
         if self.revision.get(index) is not None and self.revision.get(later) is not None:
-            return (f"[superseded tool result artifact:{view.artifact_id} (revision {_shown(self.revision[index])}): "
-                    f"replaced by revision {_shown(self.revision[later])}, artifact:{replacement}]")
+            return (f"[superseded tool result artifact:{view.artifact_id} (revision {shown_revision(self.revision[index])}): "
+                    f"replaced by revision {shown_revision(self.revision[later])}, artifact:{replacement}]")
         return f"[superseded tool result artifact:{view.artifact_id}: replaced by artifact:{replacement}]"
 
     def duplicate_notice(self, index: int) -> tuple[str, int] | None:

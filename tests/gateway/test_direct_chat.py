@@ -18,7 +18,8 @@ import pytest
 import respx
 
 from gateway.errors import UpstreamTimeout
-from gateway.litellm_upstream import LiteLLMUpstream, direct_route
+from gateway.litellm_direct import direct_route
+from gateway.litellm_upstream import LiteLLMUpstream
 from gateway.upstream import UpstreamRequest
 from tests.conftest import WEATHER_TOOL
 from tests.fake_upstream import FakeUpstream
