@@ -43,8 +43,8 @@ def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> R
 def default_upstream(settings: Settings) -> UpstreamClient:
     from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's import is slow: only when serving
 
-    # GATEWAY_DIRECT_TRANSPORT=0 in the environment turns the direct transport off whatever the config says
-    return LiteLLMUpstream(direct_transport=settings.server.direct_transport and None)
+    # None: on unless GATEWAY_DIRECT_TRANSPORT=0 in the environment; the config can only turn it off
+    return LiteLLMUpstream(direct_transport=None if settings.server.direct_transport else False)
 
 
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file of `gateway serve --workers N`'s processes

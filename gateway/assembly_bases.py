@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Mapping
 
-from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord, notable_decisions
+from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord
 
 _Entry = tuple[Mapping[int, dict[str, Any]], int]  # notable decisions, depth of the chain behind them
 
@@ -45,7 +45,7 @@ class RecentAssemblies:
             with self._lock:
                 base = self._items.get(record.base_request_id)
             depth = base[1] + 1 if base else MAX_BASE_DEPTH
-        entry = (notable_decisions(record), depth)
+        entry = (record.notable, depth)
         with self._lock:
             self._items[request_id] = entry
             self._items.move_to_end(request_id)

@@ -40,7 +40,6 @@ from storage.record_types import (
     as_utc,
     assembly_to_row,
     message_digest,
-    notable_decisions,
 )
 from storage.schema import Blob, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall
 from storage.store_base import StoreBase
@@ -389,15 +388,10 @@ class Capture(StoreBase):
         already: between epochs a request forwards the same memories as the one before)."""
         rows = {}
         base = assembly.base_decisions if assembly.base_request_id is not None else None
-        notable = notable_decisions(assembly)
         for index, message in (assembly.replaced or {}).items():
-            if base is not None and base.get(index) == notable.get(index):
+            if base is not None and base.get(index) == assembly.notable.get(index):
                 continue  # forwarded by the base request too: stored then
             digest, data = message_digest(message)
             rows[digest] = {"conversation_id": conversation, "digest": digest, "tenant": tenant,
                             "message_zlib": zlib.compress(data), "created_at": self._now()}
-        if not rows:
-            return
-        known = set(session.scalars(select(ForwardedMessage.digest).where(
-            ForwardedMessage.conversation_id == conversation, ForwardedMessage.digest.in_(list(rows)))))
-        self._insert_ignoring_conflicts(session, ForwardedMessage, [r for d, r in rows.items() if d not in known])
+        self._insert_ignoring_conflicts(session, ForwardedMessage, list(rows.values()))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -99,6 +99,11 @@ class AssemblyRecord:
     # and those decisions as the gateway still holds them: only what differs is stored.
     base_request_id: str | None = None
     base_decisions: Mapping[int, dict[str, Any]] | None = None
+
+    @cached_property
+    def notable(self) -> dict[int, dict[str, Any]]:
+        """The decisions a reader cannot restore, by message index (worked out once per record)."""
+        return _notable(self)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -258,26 +263,9 @@ def message_digest(message: dict[str, Any]) -> tuple[str, bytes]:
 MAX_BASE_DEPTH = 32  # a request stores its decisions whole at least every this many requests of a path
 
 
-def notable_decisions(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
-    """Every decision but `verbatim` (a reader restores those) by message index, each that replaced
-    its message naming the replacement's digest (worked out once per record)."""
-    with _NOTABLE_LOCK:
-        found = _NOTABLE.get(id(record))
-    if found is not None and found[0] is record:
-        return found[1]
-    notable = _notable(record)
-    with _NOTABLE_LOCK:
-        _NOTABLE[id(record)] = (record, notable)
-        while len(_NOTABLE) > 256:
-            _NOTABLE.pop(next(iter(_NOTABLE)))
-    return notable
-
-
-_NOTABLE: dict[int, tuple[AssemblyRecord, dict[int, dict[str, Any]]]] = {}
-_NOTABLE_LOCK = threading.Lock()
-
-
 def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
+    """Every decision but `verbatim` (a reader restores those) by message index, each that replaced
+    its message naming the replacement's digest."""
     replaced = record.replaced or {}
     out = {}
     for decision in record.decisions:
@@ -294,7 +282,7 @@ def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
     """What a request stores of its decisions: those that differ from its base request's (all of
     them without a base; a message verbatim again after a base's decision is stored as such), and
     its rehydrations. Between epochs that is the new round's: it does not grow with the transcript."""
-    notable = notable_decisions(record)
+    notable = record.notable
     base = record.base_decisions if record.base_request_id is not None else None
     if base is None:
         out = list(notable.values())
