@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import forwarding, messages_forwarding, responses_forwarding
 from gateway.auth import Principal, authenticate
+from gateway.canonical import fast_canonical_json
 from gateway.config import ModelSettings, TenantSettings
 from gateway.errors import (
     GatewayError,
@@ -245,9 +246,9 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         neutral = await continued(services, tenant.id, neutral)
     run = _run_start(request, principal, neutral, model, wire)
     if len(raw) > _OFF_LOOP_BYTES:
-        path = await run_in_threadpool(message_path, tenant.id, neutral.messages)
+        path = await run_in_threadpool(message_path, tenant.id, neutral.messages, fast_canonical_json)
     else:
-        path = message_path(tenant.id, neutral.messages)
+        path = message_path(tenant.id, neutral.messages, fast_canonical_json)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies)
     async with recorder:
         started = time.perf_counter()

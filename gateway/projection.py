@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.canonical import fast_canonical_json
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
 from policies import assembler
@@ -54,7 +55,7 @@ def project(
 def projected_tokens(policy: Policy, model: ModelSettings, tenant: str, request: NeutralRequest, now: float) -> int:
     """The prompt tokens the gateway would forward for `request`: its projection, from the path alone
     (as `gateway replay` assembles), plus the tools it declares."""
-    path = message_path(tenant, request.messages)
+    path = message_path(tenant, request.messages, fast_canonical_json)
     encoding = encoding_for_model(str(model.litellm_params["model"]))
     records = records_for_path(path, now, encoding=encoding)
     try:

@@ -16,9 +16,9 @@ import zlib
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import DataError, IntegrityError
-from sqlalchemy.orm import Session, aliased
+
 
 from policies.tokens import count_text
 from policies.tool_status import message_status
@@ -41,15 +41,60 @@ from storage.record_types import (
     assembly_to_row,
     message_digest,
 )
-from storage.schema import Blob, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.schema import (
+    Blob,
+    ContextAssembly,
+    ConversationNode,
+    ForwardedMessage,
+    MessageNode,
+    ModelRun,
+    ToolArtifact,
+    ToolCall,
+)
 from storage.store_base import StoreBase
 
 SIBLING_COUNT_BOUND = 10_000
-# Made once: building an alias costs milliseconds per request.
-_CHILD = aliased(ModelRun, name="child_run")
-_PARENT = aliased(ModelRun, name="parent_run")
 INGEST_ATTEMPTS = 3
 _CHUNK = 500
+
+# The request path's statements, built once against the tables (Core on a plain connection: building
+# a statement and the ORM's compile and unit of work cost more per request than running them).
+_RUNS, _NODES, _MEMBERS = ModelRun.__table__, MessageNode.__table__, ConversationNode.__table__
+_ARTIFACTS = ToolArtifact.__table__
+_CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
+_TENANT_OF_RUN = select(_RUNS.c.tenant).where(_RUNS.c.id == bindparam("id"))
+_KNOWN_NODES = (
+    select(_NODES.c.id, _MEMBERS.c.node_id)
+    .select_from(_NODES.outerjoin(_MEMBERS, (_MEMBERS.c.node_id == _NODES.c.id)
+                                  & (_MEMBERS.c.conversation_id == bindparam("conversation"))))
+    .where(_NODES.c.id.in_(bindparam("ids", expanding=True)))
+)
+_RUN_ENDING_AT = (  # the run whose request ended at a node
+    select(_RUNS.c.id).where(_RUNS.c.tenant == bindparam("tenant"), _RUNS.c.leaf_node_id == bindparam("leaf"))
+    .order_by(_RUNS.c.started_at.desc()).limit(1)
+)
+_ARTIFACT_FACTS = (
+    select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant)
+    .where(_ARTIFACTS.c.id.in_(bindparam("ids", expanding=True)))
+)
+_ARTIFACTS_IN_CONVERSATION = select(func.count()).select_from(
+    select(_MEMBERS.c.node_id).join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id)
+    .where(_MEMBERS.c.conversation_id == bindparam("conversation")).limit(bindparam("bound")).subquery()
+)
+_SUBAGENT_RUNS = (
+    select(_CHILD.c.id).join(_PARENT, _CHILD.c.parent_request_id == _PARENT.c.id)
+    .where(_PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"),
+           _CHILD.c.tenant == bindparam("tenant"))
+)
+_SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
+_RESULTS_OF_RUNS = select(_ARTIFACTS.c.sha256, _ARTIFACTS.c.tool_name).where(
+    _ARTIFACTS.c.captured_by_request.in_(bindparam("runs", expanding=True)), _ARTIFACTS.c.tenant == bindparam("tenant"))
+_PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
+    select(_RUNS.c.tokens_original, _RUNS.c.leaf_node_id, _RUNS.c.id, _RUNS.c.conversation_id)
+    .where(_RUNS.c.leaf_node_id.in_(bindparam("leaves", expanding=True)), _RUNS.c.tokens_original.is_not(None))
+    .order_by(_RUNS.c.started_at.desc()).limit(1)
+)
+_INSERT_RUN = insert(_RUNS)
 
 # call id -> (assistant node, call, author): a result belongs to whoever made the call
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
@@ -78,9 +123,9 @@ class Capture(StoreBase):
         session_id = path[0].id
         conversation = conversation_id_for(tenant, run.session_label, path)
         now = self._now()
-        with Session(self.engine) as session, session.begin():
+        with self.engine.begin() as session:
             if run.parent_request_id is not None:
-                parent_tenant = session.scalar(select(ModelRun.tenant).where(ModelRun.id == run.parent_request_id))
+                parent_tenant = session.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
                 if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
                     raise UnknownParentRequest(run.parent_request_id)
             existing, members = self._known_nodes(session, conversation, [n.id for n in path])
@@ -112,24 +157,13 @@ class Capture(StoreBase):
             ])
             path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
             observed, owners = self._artifact_facts(session, path_artifacts)
-            in_conversation = session.scalar(
-                select(func.count()).select_from(
-                    select(ConversationNode.node_id)
-                    .join(ToolArtifact, ToolArtifact.node_id == ConversationNode.node_id)
-                    .where(ConversationNode.conversation_id == conversation)
-                    .limit(SIBLING_COUNT_BOUND + len(path)).subquery()
-                )
-            )
+            in_conversation = session.scalar(_ARTIFACTS_IN_CONVERSATION, {
+                "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
             subagent_results = self._subagent_results(session, tenant, conversation, run.parent_request_id)
-            # Node ids hash the tenant in, so the leaf index alone is tenant-scoped.
-            previous = session.execute(
-                select(ModelRun.tokens_original, ModelRun.leaf_node_id, ModelRun.id, ModelRun.conversation_id)
-                .where(ModelRun.leaf_node_id.in_([n.id for n in path[:-1]]),
-                       ModelRun.tokens_original.is_not(None))
-                .order_by(ModelRun.started_at.desc())
-                .limit(1)
-            ).first()
-            session.add(self._run_row(run, session_id, conversation, path))
+            # Node ids hash the tenant in, so the leaf index alone is tenant-scoped. The leaf itself
+            # counts: a request sent again (a retry) continues the one it repeats.
+            previous = session.execute(_PREVIOUS_RUN, {"leaves": [n.id for n in path]}).first()
+            session.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path)])
         return IngestResult(
             session_id=session_id,
             conversation_id=conversation,
@@ -146,8 +180,9 @@ class Capture(StoreBase):
             previous_request_id=previous[2] if previous and previous[3] == conversation else None,
         )
 
-    def _run_row(self, run: RunStart, session_id: str, conversation: str, path: Sequence[PathNode]) -> ModelRun:
-        return ModelRun(
+    def _run_row(self, run: RunStart, session_id: str, conversation: str,
+                 path: Sequence[PathNode]) -> dict[str, Any]:
+        return dict(
             id=run.request_id,
             tenant=run.tenant,
             session_id=session_id,
@@ -166,24 +201,19 @@ class Capture(StoreBase):
             started_at=run.started_at,
         )
 
-    def _known_nodes(self, session: Session, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
+    def _known_nodes(self, session: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
         """(the nodes that exist, those of them this conversation already uses)."""
         existing: set[str] = set()
         members: set[str] = set()
         for start in range(0, len(ids), _CHUNK):
-            rows = session.execute(
-                select(MessageNode.id, ConversationNode.node_id)
-                .outerjoin(ConversationNode, (ConversationNode.node_id == MessageNode.id)
-                           & (ConversationNode.conversation_id == conversation))
-                .where(MessageNode.id.in_(ids[start : start + _CHUNK]))
-            )
+            rows = session.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
             for node, member in rows:
                 existing.add(node)
                 if member is not None:
                     members.add(node)
         return existing, members
 
-    def _write_blobs(self, session: Session, blobs: dict[str, bytes], now: datetime) -> None:
+    def _write_blobs(self, session: Connection, blobs: dict[str, bytes], now: datetime) -> None:
         """Write large artifacts' files, each under its registry row's lock (see storage/deletion.py).
 
         The upsert locks the row until this transaction ends, so blob collection, which
@@ -196,40 +226,29 @@ class Capture(StoreBase):
             self.blobs.put(blobs[key])  # verifies what is on disk; fsynced before the row commits
 
     def _subagent_results(
-        self, session: Session, tenant: str, conversation: str, own_parent: str | None
+        self, session: Connection, tenant: str, conversation: str, own_parent: str | None
     ) -> dict[str, str]:
         """Results captured by subagent runs (of this tenant) whose parent run is in this conversation.
 
         Driven from the conversation's runs through the parent_request_id index, so the
         cost follows the conversation's size, not the tenant's history.
         """
-        child, parent = _CHILD, _PARENT
-        children = (
-            select(child.id)
-            .join(parent, child.parent_request_id == parent.id)
-            .where(parent.conversation_id == conversation, parent.tenant == tenant, child.tenant == tenant)
-        )
-        if own_parent is not None:  # a subagent's own results are not private from itself
-            children = children.where(child.parent_request_id != own_parent)
-        child_ids = list(session.scalars(children))
+        if own_parent is None:
+            child_ids = list(session.scalars(_SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant}))
+        else:  # a subagent's own results are not private from itself
+            child_ids = list(session.scalars(_SUBAGENT_RUNS_BUT, {"conversation": conversation, "tenant": tenant,
+                                                                  "own_parent": own_parent}))
         if not child_ids:
             return {}
-        query = select(ToolArtifact.sha256, ToolArtifact.tool_name).where(
-            ToolArtifact.captured_by_request.in_(child_ids), ToolArtifact.tenant == tenant
-        )
-        return {sha: name or "" for sha, name in session.execute(query)}
+        return {sha: name or "" for sha, name in session.execute(_RESULTS_OF_RUNS, {"runs": child_ids, "tenant": tenant})}
 
     def _artifact_facts(
-        self, session: Session, artifact_ids: list[str]
+        self, session: Connection, artifact_ids: list[str]
     ) -> tuple[dict[str, float], dict[str, str]]:
         observed: dict[str, float] = {}
         owners: dict[str, str] = {}
         for start in range(0, len(artifact_ids), _CHUNK):
-            chunk = artifact_ids[start : start + _CHUNK]
-            rows = session.execute(
-                select(ToolArtifact.id, ToolArtifact.observed_at, ToolArtifact.owner_participant)
-                .where(ToolArtifact.id.in_(chunk))
-            )
+            rows = session.execute(_ARTIFACT_FACTS, {"ids": artifact_ids[start : start + _CHUNK]})
             for artifact_id, moment, owner in rows:
                 observed[artifact_id] = as_utc(moment).timestamp()
                 owners[artifact_id] = owner
@@ -310,7 +329,7 @@ class Capture(StoreBase):
         return row, raw
 
     def _call_rows(
-        self, session: Session, tenant: str, node: PathNode, now: datetime
+        self, session: Connection, tenant: str, node: PathNode, now: datetime
     ) -> list[dict[str, Any]]:
         tool_calls = node.message.get("tool_calls") or []
         if node.message.get("role") != "assistant" or not tool_calls:
@@ -318,12 +337,7 @@ class Capture(StoreBase):
         run_id = None
         if node.parent_id is not None:
             # The run whose request ended at this message's parent produced it.
-            run_id = session.scalar(
-                select(ModelRun.id)
-                .where(ModelRun.tenant == tenant, ModelRun.leaf_node_id == node.parent_id)
-                .order_by(ModelRun.started_at.desc())
-                .limit(1)
-            )
+            run_id = session.scalar(_RUN_ENDING_AT, {"tenant": tenant, "leaf": node.parent_id})
         rows = []
         for call in tool_calls:
             function = call.get("function") or {}
@@ -346,9 +360,8 @@ class Capture(StoreBase):
         """A pending run without a transcript (embeddings, completions): it is its own conversation,
         unless a session label names one."""
         conversation = conversation_id_for(run.tenant, run.session_label, ()) if run.session_label else run.request_id
-        with Session(self.engine) as session, session.begin():
-            row = self._run_row(run, run.request_id, conversation, ())
-            session.add(row)
+        with self.engine.begin() as connection:
+            connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, ())])
 
     def finish_run(
         self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
@@ -373,17 +386,20 @@ class Capture(StoreBase):
             "response_json": canonical_json(outcome.response) if outcome.response else None,
             "finished_at": self._now(),
         }
-        with self._writing, Session(self.engine) as session, session.begin():
-            finished = session.execute(
-                update(ModelRun).where(ModelRun.id == request_id, ModelRun.status.in_(("pending", "interrupted")))
-                .values(**values).returning(ModelRun.tenant, ModelRun.conversation_id)
+        runs = ModelRun.__table__
+        # Core on a plain connection: the ORM's unit of work costs more than these three statements.
+        with self._writing, self.engine.begin() as connection:
+            finished = connection.execute(
+                update(runs).where(runs.c.id == request_id, runs.c.status.in_(("pending", "interrupted")))
+                .values(**values).returning(runs.c.tenant, runs.c.conversation_id)
             ).first()
             if assembly is not None and finished is not None:
                 tenant, conversation = finished
-                self._store_replaced(session, tenant, conversation or request_id, assembly)
-                session.add(assembly_to_row(request_id, tenant, assembly))
+                self._store_replaced(connection, tenant, conversation or request_id, assembly)
+                connection.execute(insert(ContextAssembly.__table__), [assembly_to_row(request_id, tenant, assembly)])
 
-    def _store_replaced(self, session: Session, tenant: str, conversation: str, assembly: AssemblyRecord) -> None:
+    def _store_replaced(self, session: Connection, tenant: str, conversation: str,
+                        assembly: AssemblyRecord) -> None:
         """The messages forwarded in place of the client's, once per conversation (most are there
         already: between epochs a request forwards the same memories as the one before)."""
         rows = {}

@@ -293,8 +293,9 @@ def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: d["index"]) + [d for d in record.decisions if d.get("index") is None]
 
 
-def assembly_to_row(request_id: str, tenant: str, record: AssemblyRecord) -> ContextAssembly:
-    return ContextAssembly(
+def assembly_to_row(request_id: str, tenant: str, record: AssemblyRecord) -> dict[str, Any]:
+    """The `context_assemblies` row of a recorded assembly, as column values."""
+    return dict(
         request_id=request_id,
         tenant=tenant,
         policy_name=record.policy_name,

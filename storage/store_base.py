@@ -7,7 +7,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -33,6 +33,7 @@ class StoreBase:
         self.inline_max_bytes = inline_max_bytes
         self.instance_id = instance_id  # set by register_instance when a gateway serves
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        self._ignoring_conflicts: dict[type[Base], Any] = {}  # built once per table
         # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
         # SQLite's busy handler (1 ms, then 2, 5, ... up to 100 ms a try). The threads of one
         # process take turns here instead, handing over the moment a write commits; other
@@ -46,7 +47,11 @@ class StoreBase:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), timezone.utc)
 
-    def _insert_ignoring_conflicts(self, session: Session, model: type[Base], rows: list[dict[str, Any]]) -> None:
+    def _insert_ignoring_conflicts(self, session: Session | Connection, model: type[Base],
+                                   rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
-        session.execute(self._insert(model).on_conflict_do_nothing(), rows)
+        statement = self._ignoring_conflicts.get(model)
+        if statement is None:
+            statement = self._ignoring_conflicts[model] = self._insert(model.__table__).on_conflict_do_nothing()
+        session.execute(statement, rows)
