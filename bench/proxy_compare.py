@@ -698,6 +698,8 @@ def main() -> None:
                              "e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--transcripts", nargs="+", metavar="NAME",
                         help="synthetic-100, synthetic-1000 and/or trace-99 (default all; --quick synthetic-100)")
+    parser.add_argument("--targets", nargs="+", metavar="NAME",
+                        help="only these rows besides `direct` (e.g. gateway-coding-agent-sqlite litellm-proxy)")
     parser.add_argument("--stream", action="store_true", help="send `stream: true` and time to the last byte")
     parser.add_argument("--seed", type=int, default=7, help="of the synthetic transcripts (default 7)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short loads, one transcript")
@@ -727,7 +729,8 @@ def main() -> None:
         upstream = upstream_server(Path(tmp))
         try:
             upstream.start(30)
-            specs = target_specs(args, upstream, notes)
+            specs = [spec for spec in target_specs(args, upstream, notes)
+                     if spec.shared or not args.targets or spec.name in args.targets]
             for transcript in transcripts:
                 for spec in specs:
                     print(f"{transcript.name} / {spec.name} ...", end=" ", flush=True)

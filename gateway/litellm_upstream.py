@@ -28,6 +28,7 @@ from gateway.errors import UpstreamError, UpstreamInvalidResponse, upstream_erro
 from gateway.litellm_base import PRICING_KEYS, litellm, map_error
 from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_request
 from gateway.upstream import Prices, UpstreamRequest
+from storage.canonical import compact_json
 
 # OpenAI chat fields LiteLLM takes as named arguments; any other body field
 # goes to the provider untouched through `extra_body`.
@@ -115,7 +116,7 @@ def _chunk_out(chunk: dict[str, Any]) -> dict[str, Any]:
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
     """A body serialised as the openai SDK serialises it."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return compact_json(body).encode()
 
 
 _OPENAI_WIRE = frozenset({"openai", "custom_openai", "text-completion-openai", *litellm.openai_compatible_providers})

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import forwarding, messages_forwarding, responses_forwarding
 from gateway.auth import Principal, authenticate
-from gateway.canonical import fast_canonical_json
+from storage.canonical import fast_canonical_json
 from gateway.config import ModelSettings, TenantSettings
 from gateway.errors import (
     GatewayError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.canonical import fast_canonical_json
+from storage.canonical import fast_canonical_json
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
 from policies import assembler

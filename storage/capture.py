@@ -25,11 +25,11 @@ from policies.tool_status import message_status
 from policies.transcript import (
     PathNode,
     artifact_id_for,
-    canonical_json,
     conversation_id_for,
     tool_call_pk,
     tool_result_bytes,
 )
+from storage.canonical import fast_canonical_json
 from storage.record_types import (
     AssemblyRecord,
     IngestResult,
@@ -280,7 +280,7 @@ class Capture(StoreBase):
             "session_id": session_id,
             "depth": node.position,
             "role": role,
-            "message_json": canonical_json(message),
+            "message_json": fast_canonical_json(message),
             "artifact_id": artifact_id,
             "first_request_id": run.request_id,
             "created_at": now,
@@ -383,7 +383,7 @@ class Capture(StoreBase):
             "tokens_forwarded": outcome.tokens_forwarded,
             "cache_write_tokens": outcome.cache_write_tokens,
             "finish_reason": outcome.finish_reason,
-            "response_json": canonical_json(outcome.response) if outcome.response else None,
+            "response_json": fast_canonical_json(outcome.response) if outcome.response else None,
             "finished_at": self._now(),
         }
         runs = ModelRun.__table__

@@ -12,7 +12,7 @@ from functools import cached_property
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from policies.transcript import canonical_json
+from storage.canonical import fast_canonical_json
 from storage.schema import ContextAssembly, ModelRun, ToolArtifact
 
 
@@ -256,7 +256,7 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
 
 def message_digest(message: dict[str, Any]) -> tuple[str, bytes]:
     """(digest, canonical bytes) of a forwarded message."""
-    data = canonical_json(message).encode("utf-8", "surrogatepass")
+    data = fast_canonical_json(message).encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest(), data
 
 

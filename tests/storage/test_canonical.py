@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.canonical import fast_canonical_json
+from storage.canonical import compact_json, fast_canonical_json
 from policies.transcript import canonical_json, message_path
 
 _SCALARS = st.one_of(
@@ -37,3 +37,15 @@ def test_paths_are_the_same_with_either() -> None:
                 {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok", "score": 1e-07}]}]
     assert [n.id for n in message_path("acme", messages, fast_canonical_json)] == [
         n.id for n in message_path("acme", messages)]
+
+
+@given(_VALUES)
+@settings(max_examples=400, deadline=None)
+def test_compact_json_is_the_sdk_text(value: object) -> None:
+    assert compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def test_compact_json_refuses_what_json_refuses() -> None:
+    import pytest
+    with pytest.raises(ValueError):
+        compact_json({"x": float("nan")})

@@ -1,4 +1,4 @@
-"""`canonical_json` at C speed: the same text from orjson wherever the two agree.
+"""`canonical_json` (and the SDK's compact JSON) at C speed: the same text from orjson wherever they agree.
 
 orjson writes sorted keys, no spaces and unicode as is, escaping exactly what
 `json.dumps(..., ensure_ascii=False)` escapes, with the same code-point key order
@@ -9,6 +9,8 @@ either goes to `canonical_json` itself, so node ids never depend on which ran.
 from __future__ import annotations
 
 from typing import Any
+
+import json
 
 import orjson
 
@@ -40,3 +42,14 @@ def fast_canonical_json(value: Any) -> str:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
     except TypeError:  # lone surrogates, which orjson refuses (JSONEncodeError is a TypeError)
         return canonical_json(value)
+
+
+def compact_json(value: Any) -> str:
+    """Exactly `json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)`: keys in
+    their order, as the openai SDK serialises a request body."""
+    if _plain(value):
+        try:
+            return orjson.dumps(value).decode()
+        except TypeError:
+            pass
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
