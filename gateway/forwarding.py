@@ -20,8 +20,9 @@ from starlette.concurrency import run_in_threadpool
 from gateway.rehydration import Rehydrator
 from gateway.streaming import StreamAccumulator
 from gateway.upstream import UpstreamClient, UpstreamRequest
+from gateway.errors import GatewayError
 from gateway.wire import NeutralRequest
-from gateway.wire.openai_chat import SSE_DONE, sse_event
+from gateway.wire.openai_chat import OPENAI_CHAT, SSE_DONE, sse_event
 
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens", "cache_creation_input_tokens")
 
@@ -48,6 +49,9 @@ class Relay(Protocol):
     def completion(self) -> Completion: ...
 
     def terminal(self) -> bytes: ...
+
+    def error(self, error: GatewayError) -> bytes:
+        """The frame that ends a failed stream, in the stream's own terms."""
 
 
 class FirstRound:
@@ -190,6 +194,9 @@ class ChatRelay:
 
     def terminal(self) -> bytes:
         return SSE_DONE
+
+    def error(self, error: GatewayError) -> bytes:
+        return OPENAI_CHAT.stream_error(error)  # and no [DONE]: the stream did not complete
 
 
 async def _stream(

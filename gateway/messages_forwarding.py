@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any, AsyncIterator
 
-from gateway.errors import UpstreamInvalidResponse
+from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.forwarding import Completion, Conversation, FirstRound
 from gateway.rehydration import Rehydrator
 from gateway.upstream import UpstreamClient
 from gateway.wire import NeutralRequest
-from gateway.wire.anthropic_messages import sse
+from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES, sse
 
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
@@ -215,3 +215,6 @@ class MessagesRelay:
 
     def terminal(self) -> bytes:
         return sse({"type": "message_stop"})
+
+    def error(self, error: GatewayError) -> bytes:
+        return ANTHROPIC_MESSAGES.stream_error(error)

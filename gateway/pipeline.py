@@ -305,11 +305,11 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
             await recorder.finish(outcome)
         except GatewayError as error:
             await recorder.fail(error)
-            yield wire.stream_error(error)
+            yield relay.error(error)
         except Exception as exc:  # a fault of ours mid-stream: recorded, and told in the stream's own terms
             error = internal_error(exc)
             await recorder.fail(error, status="internal_error")
             services.metrics.observe_error("internal_error")
-            yield wire.stream_error(error)
+            yield relay.error(error)
 
     return RecordedStream(events(), recorder, headers)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from gateway.errors import UpstreamInvalidResponse
+from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.forwarding import Completion, Conversation, FirstRound
 from gateway.rehydration import Rehydrator
 from gateway.upstream import UpstreamClient
 from gateway.wire import NeutralRequest
-from gateway.wire.openai_responses import sse
+from gateway.wire.openai_responses import error_event, sse
 
 _TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 
@@ -195,3 +195,7 @@ class ResponsesRelay:
     def terminal(self) -> bytes:
         assert self._terminal is not None
         return self._emit(self._terminal)
+
+    def error(self, error: GatewayError) -> bytes:
+        """The `error` event that ends the stream, numbered after the events before it."""
+        return self._emit(error_event(error))

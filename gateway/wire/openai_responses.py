@@ -231,6 +231,11 @@ def sse(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
+def error_event(error: GatewayError) -> dict[str, Any]:
+    """The `error` event that ends a Responses stream (the relay numbers it in sequence)."""
+    return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+
+
 class OpenAIResponses:
     name = "openai.responses"
     upstream = "responses"
@@ -252,7 +257,7 @@ class OpenAIResponses:
         return error_body(error)
 
     def stream_error(self, error: GatewayError) -> bytes:
-        return sse({"type": "error", "code": error.code, "message": error.message, "param": error.param})
+        return sse(error_event(error))
 
 
 OPENAI_RESPONSES = OpenAIResponses()

@@ -246,3 +246,32 @@ def test_a_provider_without_the_responses_api_is_reached_through_litellms_transl
         assert "Be brief." in json.dumps(upstream["body"].get("system"))
     finally:
         server.stop()
+
+
+
+def test_a_stream_that_fails_midway_ends_in_a_numbered_error_event(gateway: RunningGateway) -> None:
+    items: list[dict[str, Any]] = [{"role": "user", "content": "Build."}]
+    for number in range(2):
+        gateway.fake.script_message(call(f"call_{number}", f"make {number}"))
+        response = sdk(gateway).responses.create(model="fake", input=items, tools=[SHELL])
+        items += [o.model_dump(exclude_none=True, exclude={"parsed_arguments"}) for o in response.output]
+        items.append({"type": "function_call_output", "call_id": f"call_{number}", "output": f"{number}\n{OUTPUT}"})
+    gateway.fake.script_message({"role": "assistant", "content": "built"})
+    sdk(gateway).responses.create(model="fake", input=items, tools=[SHELL])
+    memory = next(i["output"] for i in upstream_bodies(gateway)[-1]["input"]
+                  if i.get("call_id") == "call_0" and i.get("type") == "function_call_output")
+    artifact = memory.split("artifact:")[1].split(";")[0]
+    # The first round streams (and asks the gateway for the artifact); the round after it fails:
+    # the client has had events by then, so the failure is the stream's last event.
+    gateway.fake.script_message({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_gw", "type": "function",
+         "function": {"name": "gateway_rehydrate", "arguments": json.dumps({"artifact_id": artifact})}}]})
+    gateway.fake.script(status=500)
+    with gateway.client() as http:
+        response = http.post("/v1/responses", json={"model": "fake", "input": items, "tools": [SHELL], "stream": True})
+        events = [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
+        run = http.get(f"/api/requests/{response.headers['x-gateway-request-id']}").json()
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "error"
+    # numbered after the events before it, as OpenAI numbers every event of a stream
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert run["status"] == "error"
