@@ -12,6 +12,7 @@ from functools import cached_property
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
+from policies.result_facts import BoundedCache
 from storage.canonical import fast_canonical_json
 from storage.schema import ContextAssembly, ModelRun, ToolArtifact
 
@@ -254,10 +255,22 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
     }
 
 
+_DIGESTS = BoundedCache(8192)
+
+
 def message_digest(message: dict[str, Any]) -> tuple[str, bytes]:
-    """(digest, canonical bytes) of a forwarded message."""
-    data = fast_canonical_json(message).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(data).hexdigest(), data
+    """(digest, canonical bytes) of a forwarded message.
+
+    A memory is the same text on every request of its conversation (the assembler hands back the
+    same string), so the digests of messages of plain strings are kept for a while."""
+    key = tuple(sorted(message.items())) if all(type(v) is str for v in message.values()) else None
+    found = _DIGESTS.get(key) if key is not None else None
+    if found is None:
+        data = fast_canonical_json(message).encode("utf-8", "surrogatepass")
+        found = hashlib.sha256(data).hexdigest(), data
+        if key is not None:
+            _DIGESTS.put(key, found)
+    return found
 
 
 MAX_BASE_DEPTH = 32  # a request stores its decisions whole at least every this many requests of a path

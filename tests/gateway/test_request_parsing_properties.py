@@ -8,6 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
+from gateway.wire.json_body import parse_json_object
 from gateway.wire.openai_chat import OPENAI_CHAT
 from policies.transcript import message_path
 
@@ -75,3 +76,19 @@ def test_lone_surrogates_are_a_400_naming_where(surrogates: str, field: str) -> 
         assert error.param is not None and error.param.startswith("messages[0]")
     else:
         raise AssertionError("a lone surrogate was accepted")
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=5))
+def test_a_body_reads_as_json_loads_reads_it(body: dict) -> None:
+    """orjson reads most bodies (it is faster); what it reads equals what `json.loads` reads, floats,
+    64-bit-and-larger integers and unicode included."""
+    for raw in (json.dumps(body).encode(), json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")):
+        try:
+            expected = json.loads(raw)
+        except ValueError:
+            continue
+        try:
+            assert parse_json_object(raw) == expected
+        except InvalidRequest:
+            assert "\\ud" in raw.decode("utf-8", "replace").lower() or any(
+                0xD800 <= ord(ch) <= 0xDFFF for ch in raw.decode("utf-8", "surrogatepass"))
