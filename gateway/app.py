@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import dashboard, model_routes, records_api
-from gateway.auth import KeyRing
+from gateway.auth import KeyRing, metrics_caller
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.errors import GatewayError, InvalidRequest, NotFound
@@ -109,7 +109,9 @@ def create_app(
             if owned_store:
                 record_store.engine.dispose()
 
-    app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan)
+    docs = settings.server.docs
+    app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
+                  redoc_url=None, openapi_url="/openapi.json" if docs else None)
     # Middleware, outermost first (add_middleware prepends): request ids wrap everything; the
     # error boundary answers what escapes a route; the run guard finishes any run left open;
     # request lines storage cannot hold are refused before a route sees them.
@@ -134,7 +136,10 @@ def create_app(
         return {"status": "ready"}
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics_endpoint() -> Response:
+    async def metrics_endpoint(request: Request) -> Response:
+        if settings.server.metrics_token is not None:
+            metrics_caller(request.app.state.services.keyring, settings.server.metrics_token,
+                           request.headers.get("authorization"))
         await outcomes_written()
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 

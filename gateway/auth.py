@@ -79,3 +79,17 @@ def authenticate(keyring: KeyRing, authorization: str | None, api_key: str | Non
     if principal is None:
         raise AuthenticationFailed("Incorrect API key provided.")
     return principal
+
+
+def metrics_caller(keyring: KeyRing, token: str, authorization: str | None) -> None:
+    """`/metrics` behind a bearer token (or an admin key); AuthenticationFailed otherwise."""
+    key = bearer_key(authorization)
+    if key is None:
+        raise AuthenticationFailed("/metrics needs 'Authorization: Bearer <metrics token>'.", code="missing_api_key")
+    expected = bytes.fromhex(key_digest(token))
+    given = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    if hmac.compare_digest(expected, given):
+        return
+    principal = keyring.lookup(key)
+    if principal is None or not principal.is_admin:
+        raise AuthenticationFailed("Incorrect metrics token.")

@@ -15,10 +15,13 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import CONFIG_ENV, build_store, create_app
+    from gateway.logs import logging_config
 
     settings = load_settings(args.config)
     where = {"host": args.host or settings.server.host,
-             "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level}
+             "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level,
+             "log_config": logging_config(settings.log_level, settings.log_format, settings.access_log),
+             "access_log": False}  # the gateway writes its own (gateway.access)
     if args.workers <= 1:
         uvicorn.run(create_app(settings), **where)
         return 0

@@ -49,6 +49,20 @@ class ServerSettings(_Strict):
     # Chat completions to an OpenAI-compatible deployment over a pooled HTTP client, LiteLLM still
     # deciding what is sent (gateway/direct_chat.py); false: every call through litellm.acompletion.
     direct_transport: bool = True
+    # `/docs` and `/openapi.json` (off: they list every route to whoever asks).
+    docs: bool = False
+    # Required as `Authorization: Bearer <token>` on `/metrics` when set (its labels name tenants);
+    # plain or `sha256:<hex>` as API keys are. Admin keys are accepted too.
+    metrics_token: str | None = None
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _token_well_formed(cls, token: str | None) -> str | None:
+        if token is not None and (not token or token != token.strip()):
+            raise ValueError("the metrics token may not be empty or carry surrounding spaces")
+        if token is not None and token.startswith("sha256:") and not _SHA256_KEY.match(token):
+            raise ValueError("a hashed token is 'sha256:' followed by 64 lowercase hex digits")
+        return token
 
 
 class ModelSettings(_Strict):
@@ -130,6 +144,8 @@ class Settings(_Strict):
     server: ServerSettings = ServerSettings()
     dashboard: DashboardSettings = DashboardSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"  # one JSON object per line on stderr, or plain text
+    access_log: bool = True  # one line per request (gateway.access): ids, tenant, model, tokens, latency
     source: str = Field("<memory>", exclude=True)
     base_dir: str = Field(".", exclude=True)
 

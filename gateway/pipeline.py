@@ -36,7 +36,7 @@ from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, internal_error, outcomes_written
 from gateway.services import Services
-from gateway.upstream import UpstreamRequest
+from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, UpstreamRequest
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
 from gateway.wire.openai_responses import check_pairs, output_to_neutral
@@ -153,7 +153,8 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         body=body,
         timeout_seconds=services.settings.server.upstream_timeout_seconds,
         request_id=run.request_id,
-        extra_headers={name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
+        extra_headers={**{name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
+                       UPSTREAM_REQUEST_ID_HEADER: run.request_id},
     )
     return Conversation(request=upstream_request, rehydrator=rehydrator,
                         client_store=neutral.params.get("store") is not False)

@@ -73,6 +73,7 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.opened = False  # the pending run is committed
         self.finished = False
+        self.outcome: RunOutcome | None = None  # as recorded (the access log reads it)
         self.streaming = False  # handed to a RecordedStream, which finishes it
         scope.setdefault("state", {}).setdefault(_SCOPE_KEY, []).append(self)
 
@@ -96,6 +97,7 @@ class RunRecorder:
             self._written()
             return
         self.finished = True
+        self.outcome = outcome
         try:
             with anyio.CancelScope(shield=True):  # a cancelled request still records its end
                 await run_in_threadpool(self.store.finish_run, self.start.request_id, outcome, self.assembly)
@@ -154,6 +156,11 @@ class RunRecorder:
 
 def open_recorders(scope: Scope) -> list[RunRecorder]:
     return [r for r in scope.get("state", {}).get(_SCOPE_KEY, ()) if r.opened and not r.finished]
+
+
+def recorders_of(scope: Scope) -> list[RunRecorder]:
+    """Every run this request started."""
+    return list(scope.get("state", {}).get(_SCOPE_KEY, ()))
 
 
 class RecordedStream(StreamingResponse):

@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Protocol
 
+# The run's id, sent to the provider with every call (OpenAI keeps this header in its own logs,
+# so a support lookup there finds the run).
+UPSTREAM_REQUEST_ID_HEADER = "x-client-request-id"
+
 
 @dataclass(frozen=True)
 class UpstreamRequest:
