@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -14,13 +16,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import dashboard, model_routes, records_api
+from gateway import admin_api, dashboard, model_routes, records_api
 from gateway.auth import KeyRing, metrics_caller
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.housekeeping import Housekeeping
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
+from gateway.reload import Reloader
 from gateway.request_id import RequestIdMiddleware
 from gateway.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
@@ -46,6 +49,16 @@ def default_upstream(settings: Settings) -> UpstreamClient:
 
     # None: on unless GATEWAY_DIRECT_TRANSPORT=0 in the environment; the config can only turn it off
     return LiteLLMUpstream(direct_transport=None if settings.server.direct_transport else False)
+
+
+def _on_hangup(reloader: Reloader) -> bool:
+    """SIGHUP reloads the config (where this process may take signals: the main thread, POSIX)."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(asyncio.to_thread(reloader.reload)))
+    except (ValueError, RuntimeError, NotImplementedError, AttributeError):
+        return False
+    return True
 
 
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file of `gateway serve --workers N`'s processes
@@ -92,6 +105,10 @@ def create_app(
             limiter=limiter,
         )
         beating = asyncio.create_task(housekeeping.run_forever())
+        reloader = Reloader(app, settings.source) if Path(settings.source).is_file() else None
+        app.state.reloader = reloader
+        watching = asyncio.create_task(reloader.watch(2.0)) if reloader and settings.server.watch_config else None
+        hangup = reloader is not None and _on_hangup(reloader)
         # What startup built (LiteLLM, SQLAlchemy, tiktoken: hundreds of thousands of objects) lives
         # as long as the process: out of the collector's sight, a collection that a large request
         # triggers scans what that request made instead of everything (bench/proxy_compare.py's
@@ -102,6 +119,10 @@ def create_app(
             yield
         finally:
             beating.cancel()
+            if watching is not None:
+                watching.cancel()
+            if hangup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await run_in_threadpool(record_store.retire_instance)
             await limiter.close()
             if upstream is None and hasattr(client, "aclose"):
@@ -122,6 +143,7 @@ def create_app(
     app.include_router(model_routes.router)
     app.include_router(records_api.router)
     app.include_router(dashboard.router)
+    app.include_router(admin_api.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -137,8 +159,9 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:
-        if settings.server.metrics_token is not None:
-            metrics_caller(request.app.state.services.keyring, settings.server.metrics_token,
+        services: Services = request.app.state.services
+        if services.settings.server.metrics_token is not None:
+            metrics_caller(services.keyring, services.settings.server.metrics_token,
                            request.headers.get("authorization"))
         await outcomes_written()
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)

@@ -6,6 +6,7 @@ failed start both say exactly where to look.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -51,6 +52,9 @@ class ServerSettings(_Strict):
     direct_transport: bool = True
     # `/docs` and `/openapi.json` (off: they list every route to whoever asks).
     docs: bool = False
+    # Reload when the config file or a tenant's policy file changes (checked every 2 s); SIGHUP and
+    # `POST /api/admin/reload` reload whether or not this is on.
+    watch_config: bool = False
     # Required as `Authorization: Bearer <token>` on `/metrics` when set (its labels name tenants);
     # plain or `sha256:<hex>` as API keys are. Admin keys are accepted too.
     metrics_token: str | None = None
@@ -234,6 +238,24 @@ def _resolve_env(value: Any, where: str, path: str) -> Any:
     return value
 
 
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """`; did you mean 'tenants'?` for a field name close to one its section knows."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            if isinstance(part, int):
+                continue
+            return ""
+        annotation = field.annotation
+        inner = getattr(annotation, "__args__", None)
+        model = next((a for a in inner or (annotation,) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError(path, "", "the config must be a YAML mapping")
@@ -241,13 +263,15 @@ def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Set
     try:
         settings = Settings.model_validate({**resolved, "source": path, "base_dir": base_dir})
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt field shows as unknown and, often, as a required one missing: name the spelling.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         field = field_path(tuple(first["loc"]))
         message = first["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, ") :]
         if first["type"] == "extra_forbidden":
-            message = "unknown field"
+            message = "unknown field" + _did_you_mean(first["loc"])
         if first["type"] == "missing":
             message = "required field is missing"
         if not field and ": " in message:  # a model-level check names its own field

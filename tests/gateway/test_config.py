@@ -49,6 +49,10 @@ def test_example_config_is_valid() -> None:
     (lambda c: c.update(tenants=c["tenants"] * 2), "tenants", "duplicate tenant"),
     (lambda c: c["storage"].update(url="mysql://x"), "storage.url", "sqlite"),
     (lambda c: c.update(colour="blue"), "colour", "unknown field"),
+    # a misspelt field is named, with the spelling it is close to, before the field it leaves missing
+    (lambda c: c.update(tenantz=c.pop("tenants")), "tenantz", "unknown field; did you mean 'tenants'?"),
+    (lambda c: c["tenants"][0].update(polciy="default"), "tenants[0].polciy", "did you mean 'policy'?"),
+    (lambda c: c.update(server={"prot": 1}), "server.prot", "did you mean 'port'?"),
     (lambda c: c.pop("models"), "models", "required"),
     (lambda c: c["tenants"][0].update(models=["gpt-9"]), "tenants", "unknown model"),
 ])
