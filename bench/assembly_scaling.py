@@ -17,10 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gateway.encodings import use_bundled_encodings  # noqa: E402
 from policies.assembler import assemble  # noqa: E402
 from policies.path_records import records_for_path  # noqa: E402
 from policies.presets import preset  # noqa: E402
 from policies.transcript import message_path  # noqa: E402
+
+use_bundled_encodings()  # tiktoken's files from LiteLLM's folder, offline
 
 OUTPUT = "\n".join(f"line {i}: build output with some words in it" for i in range(60))
 SMALL = "ok: 3 files changed"  # under min_tokens: no round is ever worth compacting, the boundary stays

@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-from policies.tokens import use_bundled_encodings  # noqa: E402
+from gateway.encodings import use_bundled_encodings  # noqa: E402
 
 use_bundled_encodings()
 

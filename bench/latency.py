@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 # As tests/conftest.py: offline LiteLLM price map and bundled tiktoken files,
 # set before any gateway module (and LiteLLM) is imported.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-from policies.tokens import use_bundled_encodings  # noqa: E402
+from gateway.encodings import use_bundled_encodings  # noqa: E402
 
 use_bundled_encodings()
 

@@ -20,6 +20,7 @@ from gateway import admin_api, dashboard, model_routes, records_api
 from gateway.auth import KeyRing, metrics_caller
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
+from gateway.encodings import use_bundled_encodings
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.housekeeping import Housekeeping
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
@@ -76,6 +77,7 @@ def create_app(
     store: RecordStore | None = None,
     clock: Callable[[], float] = time.time,
 ) -> FastAPI:
+    use_bundled_encodings()  # before the first token is counted
     metrics = GatewayMetrics()
 
     @asynccontextmanager

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gateway.config import ConfigError, load_settings, policy_file
+from gateway.encodings import use_bundled_encodings
 from policies.presets import PRESET_NAMES, preset
 
 
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    use_bundled_encodings()  # every command may count tokens
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

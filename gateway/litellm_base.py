@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from policies.tokens import use_bundled_encodings
+from gateway.encodings import use_bundled_encodings
 
 # Before LiteLLM is imported: no price-map download, tokenizers from its own folder.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -27,7 +27,7 @@ from gateway.direct_chat import DirectCall, DirectChat
 from gateway.errors import UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
 from gateway.litellm_base import PRICING_KEYS, litellm, map_error
 from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_request
-from gateway.upstream import Prices, UpstreamRequest
+from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest
 from storage.canonical import compact_json
 
 # OpenAI chat fields LiteLLM takes as named arguments; any other body field
@@ -189,8 +189,8 @@ class LiteLLMUpstream:
         kwargs["timeout"] = request.timeout_seconds
         if stream is not None:
             kwargs["stream"] = stream
-        if request.extra_headers:
-            kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers}
+        kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), **request.extra_headers,
+                                   UPSTREAM_REQUEST_ID_HEADER: request.request_id}
         return kwargs
 
     def _kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:

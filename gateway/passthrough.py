@@ -20,7 +20,7 @@ from gateway.pipeline import SESSION_HEADERS, check_limit, header_value, model_f
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
 from gateway.services import Services
-from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, UpstreamRequest
+from gateway.upstream import UpstreamRequest
 from gateway.wire.json_body import check_text, param_path, parse_json_object
 from gateway.wire.openai_chat import SSE_DONE, error_body, sse_event
 from storage.record_types import RunStart
@@ -72,7 +72,7 @@ async def handle(request: Request, services: Services, kind: str) -> Response:
     upstream = UpstreamRequest(alias=run.model, litellm_params=model.litellm_params,
                                body={k: v for k, v in body.items() if k not in ("model", "stream")},
                                timeout_seconds=services.settings.server.upstream_timeout_seconds,
-                               request_id=run.request_id, extra_headers={UPSTREAM_REQUEST_ID_HEADER: run.request_id})
+                               request_id=run.request_id)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope)
     async with recorder:
         await recorder.open()

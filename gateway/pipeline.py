@@ -18,7 +18,6 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import forwarding, messages_forwarding, responses_forwarding
 from gateway.auth import Principal, authenticate
-from storage.canonical import fast_canonical_json
 from gateway.config import ModelSettings, TenantSettings
 from gateway.errors import (
     GatewayError,
@@ -36,7 +35,7 @@ from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, internal_error, outcomes_written
 from gateway.services import Services
-from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, UpstreamRequest
+from gateway.upstream import UpstreamRequest
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
 from gateway.wire.openai_responses import check_pairs, output_to_neutral
@@ -44,6 +43,7 @@ from gateway.wire.json_body import check_text
 from policies.assembler import Projection, Records
 from policies.policy import Policy
 from policies.transcript import message_path
+from storage.canonical import fast_canonical_json
 from storage.record_types import AssemblyRecord, RunStart, UnknownParentRequest, UnstorableValue
 
 SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id", "x-claude-code-session-id")
@@ -153,8 +153,7 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         body=body,
         timeout_seconds=services.settings.server.upstream_timeout_seconds,
         request_id=run.request_id,
-        extra_headers={**{name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
-                       UPSTREAM_REQUEST_ID_HEADER: run.request_id},
+        extra_headers={name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
     )
     return Conversation(request=upstream_request, rehydrator=rehydrator,
                         client_store=neutral.params.get("store") is not False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from storage.canonical import fast_canonical_json
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
 from policies import assembler
@@ -14,6 +13,7 @@ from policies.policy import Policy
 from policies.tokens import count_text, encoding_for_model
 from policies.transcript import PathNode, canonical_json, message_path
 from gateway.wire import NeutralRequest
+from storage.canonical import fast_canonical_json
 from storage.record_types import AssemblyRecord, IngestResult
 
 

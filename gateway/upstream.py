@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping, Protocol
 
-# The run's id, sent to the provider with every call (OpenAI keeps this header in its own logs,
-# so a support lookup there finds the run).
+# The run's id (`UpstreamRequest.request_id`), sent by the upstream client with every call (OpenAI
+# keeps this header in its own logs, so a support lookup there finds the run).
 UPSTREAM_REQUEST_ID_HEADER = "x-client-request-id"
 
 

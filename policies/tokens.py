@@ -1,15 +1,12 @@
-"""Token counting with tiktoken, offline.
+"""Token counting with tiktoken.
 
-tiktoken downloads its encodings unless TIKTOKEN_CACHE_DIR points at a folder
-that holds them; LiteLLM ships cl100k_base and o200k_base, so we point there
-(found without importing LiteLLM, which is slow).
+Pure: where tiktoken finds its encoding files is the caller's to set before the
+first count (gateway/encodings.py points it at the files LiteLLM ships, offline).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
-import os
 import threading
 from collections import OrderedDict
 from typing import Any, Mapping
@@ -21,25 +18,8 @@ MESSAGE_OVERHEAD = 4  # per-message framing, as OpenAI documents for chat models
 TOOL_CALL_OVERHEAD = 4
 
 
-def bundled_tiktoken_dir() -> str | None:
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return os.path.join(list(spec.submodule_search_locations)[0], "litellm_core_utils", "tokenizers")
-
-
-def use_bundled_encodings() -> None:
-    """Point tiktoken (and LiteLLM, which resets the variable) at the bundled files."""
-    folder = bundled_tiktoken_dir()
-    if folder is None:
-        return
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", folder)
-    os.environ.setdefault("CUSTOM_TIKTOKEN_CACHE_DIR", os.environ["TIKTOKEN_CACHE_DIR"])
-
-
 @functools.lru_cache(maxsize=8)
 def encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
-    use_bundled_encodings()
     return tiktoken.get_encoding(name)
 
 

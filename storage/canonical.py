@@ -8,9 +8,8 @@ either goes to `canonical_json` itself, so node ids never depend on which ran.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import json
+from typing import Any
 
 import orjson
 

@@ -19,7 +19,6 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import DataError, IntegrityError
 
-
 from policies.tokens import count_text
 from policies.tool_status import message_status
 from policies.transcript import (
@@ -95,6 +94,7 @@ _PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
     .order_by(_RUNS.c.started_at.desc()).limit(1)
 )
 _INSERT_RUN = insert(_RUNS)
+_INSERT_ASSEMBLY = insert(ContextAssembly.__table__)
 
 # call id -> (assistant node, call, author): a result belongs to whoever made the call
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
@@ -123,12 +123,12 @@ class Capture(StoreBase):
         session_id = path[0].id
         conversation = conversation_id_for(tenant, run.session_label, path)
         now = self._now()
-        with self.engine.begin() as session:
+        with self.engine.begin() as connection:
             if run.parent_request_id is not None:
-                parent_tenant = session.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
+                parent_tenant = connection.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
                 if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
                     raise UnknownParentRequest(run.parent_request_id)
-            existing, members = self._known_nodes(session, conversation, [n.id for n in path])
+            existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
             new: list[PathNode] = []
             node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
             open_calls: _OpenCalls = {}
@@ -147,23 +147,23 @@ class Capture(StoreBase):
                     artifact_rows.append(artifact)
                     if artifact["blob_key"]:
                         blobs[artifact["blob_key"]] = raw
-                call_rows.extend(self._call_rows(session, tenant, node, now))
-            self._insert_ignoring_conflicts(session, MessageNode, node_rows)
-            self._write_blobs(session, blobs, now)
-            self._insert_ignoring_conflicts(session, ToolCall, call_rows)
-            self._insert_ignoring_conflicts(session, ToolArtifact, artifact_rows)
-            self._insert_ignoring_conflicts(session, ConversationNode, [
+                call_rows.extend(self._call_rows(connection, tenant, node, now))
+            self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
+            self._write_blobs(connection, blobs, now)
+            self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
+            self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
+            self._insert_ignoring_conflicts(connection, ConversationNode, [
                 {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
             ])
             path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
-            observed, owners = self._artifact_facts(session, path_artifacts)
-            in_conversation = session.scalar(_ARTIFACTS_IN_CONVERSATION, {
+            observed, owners = self._artifact_facts(connection, path_artifacts)
+            in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
                 "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
-            subagent_results = self._subagent_results(session, tenant, conversation, run.parent_request_id)
+            subagent_results = self._subagent_results(connection, tenant, conversation, run.parent_request_id)
             # Node ids hash the tenant in, so the leaf index alone is tenant-scoped. The leaf itself
             # counts: a request sent again (a retry) continues the one it repeats.
-            previous = session.execute(_PREVIOUS_RUN, {"leaves": [n.id for n in path]}).first()
-            session.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path)])
+            previous = connection.execute(_PREVIOUS_RUN, {"leaves": [n.id for n in path]}).first()
+            connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path)])
         return IngestResult(
             session_id=session_id,
             conversation_id=conversation,
@@ -201,19 +201,19 @@ class Capture(StoreBase):
             started_at=run.started_at,
         )
 
-    def _known_nodes(self, session: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
+    def _known_nodes(self, connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
         """(the nodes that exist, those of them this conversation already uses)."""
         existing: set[str] = set()
         members: set[str] = set()
         for start in range(0, len(ids), _CHUNK):
-            rows = session.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
+            rows = connection.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
             for node, member in rows:
                 existing.add(node)
                 if member is not None:
                     members.add(node)
         return existing, members
 
-    def _write_blobs(self, session: Connection, blobs: dict[str, bytes], now: datetime) -> None:
+    def _write_blobs(self, connection: Connection, blobs: dict[str, bytes], now: datetime) -> None:
         """Write large artifacts' files, each under its registry row's lock (see storage/deletion.py).
 
         The upsert locks the row until this transaction ends, so blob collection, which
@@ -221,12 +221,12 @@ class Capture(StoreBase):
         """
         for key in sorted(blobs):  # one order everywhere: no deadlock between captures
             statement = self._insert(Blob).values(key=key, size_bytes=len(blobs[key]), created_at=now)
-            session.execute(statement.on_conflict_do_update(index_elements=[Blob.key],
+            connection.execute(statement.on_conflict_do_update(index_elements=[Blob.key],
                                                             set_={"size_bytes": statement.excluded.size_bytes}))
             self.blobs.put(blobs[key])  # verifies what is on disk; fsynced before the row commits
 
     def _subagent_results(
-        self, session: Connection, tenant: str, conversation: str, own_parent: str | None
+        self, connection: Connection, tenant: str, conversation: str, own_parent: str | None
     ) -> dict[str, str]:
         """Results captured by subagent runs (of this tenant) whose parent run is in this conversation.
 
@@ -234,21 +234,21 @@ class Capture(StoreBase):
         cost follows the conversation's size, not the tenant's history.
         """
         if own_parent is None:
-            child_ids = list(session.scalars(_SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant}))
+            child_ids = list(connection.scalars(_SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant}))
         else:  # a subagent's own results are not private from itself
-            child_ids = list(session.scalars(_SUBAGENT_RUNS_BUT, {"conversation": conversation, "tenant": tenant,
+            child_ids = list(connection.scalars(_SUBAGENT_RUNS_BUT, {"conversation": conversation, "tenant": tenant,
                                                                   "own_parent": own_parent}))
         if not child_ids:
             return {}
-        return {sha: name or "" for sha, name in session.execute(_RESULTS_OF_RUNS, {"runs": child_ids, "tenant": tenant})}
+        return {sha: name or "" for sha, name in connection.execute(_RESULTS_OF_RUNS, {"runs": child_ids, "tenant": tenant})}
 
     def _artifact_facts(
-        self, session: Connection, artifact_ids: list[str]
+        self, connection: Connection, artifact_ids: list[str]
     ) -> tuple[dict[str, float], dict[str, str]]:
         observed: dict[str, float] = {}
         owners: dict[str, str] = {}
         for start in range(0, len(artifact_ids), _CHUNK):
-            rows = session.execute(_ARTIFACT_FACTS, {"ids": artifact_ids[start : start + _CHUNK]})
+            rows = connection.execute(_ARTIFACT_FACTS, {"ids": artifact_ids[start : start + _CHUNK]})
             for artifact_id, moment, owner in rows:
                 observed[artifact_id] = as_utc(moment).timestamp()
                 owners[artifact_id] = owner
@@ -329,7 +329,7 @@ class Capture(StoreBase):
         return row, raw
 
     def _call_rows(
-        self, session: Connection, tenant: str, node: PathNode, now: datetime
+        self, connection: Connection, tenant: str, node: PathNode, now: datetime
     ) -> list[dict[str, Any]]:
         tool_calls = node.message.get("tool_calls") or []
         if node.message.get("role") != "assistant" or not tool_calls:
@@ -337,7 +337,7 @@ class Capture(StoreBase):
         run_id = None
         if node.parent_id is not None:
             # The run whose request ended at this message's parent produced it.
-            run_id = session.scalar(_RUN_ENDING_AT, {"tenant": tenant, "leaf": node.parent_id})
+            run_id = connection.scalar(_RUN_ENDING_AT, {"tenant": tenant, "leaf": node.parent_id})
         rows = []
         for call in tool_calls:
             function = call.get("function") or {}
@@ -386,19 +386,17 @@ class Capture(StoreBase):
             "response_json": fast_canonical_json(outcome.response) if outcome.response else None,
             "finished_at": self._now(),
         }
-        runs = ModelRun.__table__
-        # Core on a plain connection: the ORM's unit of work costs more than these three statements.
         with self._writing, self.engine.begin() as connection:
             finished = connection.execute(
-                update(runs).where(runs.c.id == request_id, runs.c.status.in_(("pending", "interrupted")))
-                .values(**values).returning(runs.c.tenant, runs.c.conversation_id)
+                update(_RUNS).where(_RUNS.c.id == request_id, _RUNS.c.status.in_(("pending", "interrupted")))
+                .values(**values).returning(_RUNS.c.tenant, _RUNS.c.conversation_id)
             ).first()
             if assembly is not None and finished is not None:
                 tenant, conversation = finished
                 self._store_replaced(connection, tenant, conversation or request_id, assembly)
-                connection.execute(insert(ContextAssembly.__table__), [assembly_to_row(request_id, tenant, assembly)])
+                connection.execute(_INSERT_ASSEMBLY, [assembly_to_row(request_id, tenant, assembly)])
 
-    def _store_replaced(self, session: Connection, tenant: str, conversation: str,
+    def _store_replaced(self, connection: Connection, tenant: str, conversation: str,
                         assembly: AssemblyRecord) -> None:
         """The messages forwarded in place of the client's, once per conversation (most are there
         already: between epochs a request forwards the same memories as the one before)."""
@@ -410,4 +408,4 @@ class Capture(StoreBase):
             digest, data = message_digest(message)
             rows[digest] = {"conversation_id": conversation, "digest": digest, "tenant": tenant,
                             "message_zlib": zlib.compress(data), "created_at": self._now()}
-        self._insert_ignoring_conflicts(session, ForwardedMessage, list(rows.values()))
+        self._insert_ignoring_conflicts(connection, ForwardedMessage, list(rows.values()))

@@ -20,7 +20,7 @@ import httpx  # noqa: E402
 import pytest  # noqa: E402
 import sqlalchemy  # noqa: E402
 
-from policies.tokens import use_bundled_encodings  # noqa: E402
+from gateway.encodings import use_bundled_encodings  # noqa: E402
 
 use_bundled_encodings()
 
