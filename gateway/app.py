@@ -34,6 +34,7 @@ from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
+from gateway.deployments import RoutedUpstream
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
 
@@ -92,7 +93,8 @@ def create_app(
             RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)
             if settings.redis.url else MemoryRateLimiter(clock)
         )
-        client = upstream or default_upstream(settings)
+        inner = upstream or default_upstream(settings)
+        client = RoutedUpstream(inner, settings, limiter)
         await client.warm_up()
         await run_in_threadpool(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
@@ -127,7 +129,7 @@ def create_app(
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await run_in_threadpool(record_store.retire_instance)
             await limiter.close()
-            if upstream is None and hasattr(client, "aclose"):
+            if upstream is None:
                 await client.aclose()  # the direct transport's connection pool
             if owned_store:
                 record_store.engine.dispose()

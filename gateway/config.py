@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.deployment_params import refusal
 from policies.policy import Policy, PolicyError, policy_from_mapping
 from policies.presets import PRESET_NAMES, preset
 from policies.validation import field_path
@@ -70,9 +71,14 @@ class ServerSettings(_Strict):
 
 
 class ModelSettings(_Strict):
+    """One deployment: entries that share a `name` are deployments of one model (gateway/deployments.py)."""
+
     name: str = Field(min_length=1)
     litellm_params: dict[str, Any]
     provider: str | None = None  # for privacy rules; default: the prefix of litellm_params.model
+    # The deployment's id in run records, logs and cooldowns; default `<name>#<n>`, n counting the
+    # entries of that name from 1 (so a config's order gives every replica the same ids).
+    id: str | None = Field(None, min_length=1, max_length=128)
 
     @property
     def provider_name(self) -> str:
@@ -88,7 +94,54 @@ class ModelSettings(_Strict):
     def _needs_model(cls, value: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value.get("model"), str) or not value["model"]:
             raise ValueError("litellm_params.model is required (e.g. openai/gpt-4o-mini)")
+        for key in value:
+            problem = refusal(str(key))
+            if problem:
+                raise ValueError(problem)
+        for key in ("rpm", "tpm", "order"):
+            if key in value and (isinstance(value[key], bool) or not isinstance(value[key], int) or value[key] < 1):
+                raise ValueError(f"litellm_params.{key} must be a whole number of at least 1")
+        for key in ("weight", "timeout", "stream_timeout"):
+            if key in value and (isinstance(value[key], bool) or not isinstance(value[key], (int, float))
+                                 or not value[key] > 0):
+                raise ValueError(f"litellm_params.{key} must be a number above 0")
         return value
+
+
+class RouterSettings(_Strict):
+    """How requests are spread over a model's deployments and retried (LiteLLM Router's settings).
+
+    A request is retried on 429, 5xx, timeouts and refused connections before the first byte reaches
+    the client, on another deployment of the model when one is healthy; once the model's tries are
+    spent, on each of its `fallbacks` in turn. A deployment that fails more than `allowed_fails`
+    times in a minute (a 429 counts at once when the model has other deployments) rests for
+    `cooldown_time` seconds.
+    """
+
+    # LiteLLM's weighted shuffle (weight, else rpm/tpm as weights; lowest `order` first). Its other
+    # strategies learn from calls the Router makes itself, and the gateway makes its own.
+    routing_strategy: str = "simple-shuffle"
+    num_retries: int = Field(2, ge=0, le=10)
+    retry_after: float = Field(0.0, ge=0)  # seconds to wait at least before retrying the same deployment
+    timeout: float | None = Field(None, gt=0)  # per call; default server.upstream_timeout_seconds
+    allowed_fails: int = Field(3, ge=0)
+    cooldown_time: float = Field(60.0, ge=0)
+    fallbacks: list[dict[str, list[str]]] = Field(default_factory=list)
+    context_window_fallbacks: list[dict[str, list[str]]] = Field(default_factory=list)
+
+    @field_validator("routing_strategy")
+    @classmethod
+    def _served_strategy(cls, value: str) -> str:
+        if value != "simple-shuffle":
+            raise ValueError(f"routing strategy {value!r} is not served; use 'simple-shuffle' (weights, rpm/tpm, "
+                             "order), with per-deployment rpm/tpm limits")
+        return value
+
+    def fallbacks_for(self, name: str, context_window: bool = False) -> list[str]:
+        for entry in self.context_window_fallbacks if context_window else self.fallbacks:
+            if name in entry:
+                return list(entry[name])
+        return []
 
 
 class LimitSettings(_Strict):
@@ -147,6 +200,7 @@ class Settings(_Strict):
     redis: RedisSettings = RedisSettings()
     server: ServerSettings = ServerSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    router: RouterSettings = RouterSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"  # one JSON object per line on stderr, or plain text
     access_log: bool = True  # one line per request (gateway.access): ids, tenant, model, tokens, latency
@@ -156,9 +210,15 @@ class Settings(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":
         names = [m.name for m in self.models]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        ids = [deployment_id for deployment_id, _ in self.deployment_ids()]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
-            raise ValueError(f"models: duplicate model name(s) {dupes}")
+            raise ValueError(f"models: duplicate deployment id(s) {dupes}")
+        for field in ("fallbacks", "context_window_fallbacks"):
+            for entry in getattr(self.router, field):
+                for name in [*entry, *(target for targets in entry.values() for target in targets)]:
+                    if self.model(name) is None:
+                        raise ValueError(f"router.{field}: {name!r} is no model of this config")
         ids = [t.id for t in self.tenants]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -178,31 +238,50 @@ class Settings(_Strict):
                 raise ValueError("admin_keys: an admin key is also a tenant key")
         return self
 
+    def deployment_ids(self) -> list[tuple[str, ModelSettings]]:
+        """Every entry with its deployment id (its own `id`, else `<name>#<n>`)."""
+        counts: dict[str, int] = {}
+        out = []
+        for entry in self.models:
+            counts[entry.name] = counts.get(entry.name, 0) + 1
+            out.append((entry.id or f"{entry.name}#{counts[entry.name]}", entry))
+        return out
+
     def model(self, name: str) -> ModelSettings | None:
-        """The model entry for a requested name: an exact name, else the first wildcard entry it matches.
+        """The first deployment for a requested name (see `deployments`)."""
+        found = self.deployments(name)
+        return found[0][1] if found else None
+
+    def deployments(self, name: str) -> list[tuple[str, ModelSettings]]:
+        """The deployments (id, entry) serving a requested name: the entries of that exact name, else
+        those of the first wildcard name it matches, with `litellm_params.model` filled in."""
+        exact = [(i, m) for i, m in self.deployment_ids() if m.name == name]
+        if exact:
+            return exact
+        pattern = next((m.name for m in self.models if "*" in m.name and self._wildcard(m, name) is not None), None)
+        if pattern is None:
+            return []
+        return [(i, self._wildcard(m, name)) for i, m in self.deployment_ids() if m.name == pattern]  # type: ignore[misc]
+
+    @staticmethod
+    def _wildcard(entry: ModelSettings, name: str) -> ModelSettings | None:
+        """The entry for `name` if its wildcard name matches it.
 
         As LiteLLM Proxy routes them: `name: "claude-*"` with `litellm_params.model:
         "anthropic/claude-*"` sends `claude-sonnet-4-5` to `anthropic/claude-sonnet-4-5`; each `*`
         of the LiteLLM model takes the text the name's `*`s matched, in order.
         """
-        exact = next((m for m in self.models if m.name == name), None)
-        if exact is not None:
-            return exact
-        for entry in self.models:
-            if "*" not in entry.name:
-                continue
-            match = re.fullmatch("(.*)".join(re.escape(part) for part in entry.name.split("*")), name, re.DOTALL)
-            if match is None:
-                continue
-            target = str(entry.litellm_params["model"])
-            if "*" in target:
-                segments = match.groups()
-                if len(segments) > target.count("*"):
-                    target = name
-                for segment in segments:
-                    target = target.replace("*", segment, 1)
-            return entry.model_copy(update={"litellm_params": {**entry.litellm_params, "model": target}})
-        return None
+        match = re.fullmatch("(.*)".join(re.escape(part) for part in entry.name.split("*")), name, re.DOTALL)
+        if match is None:
+            return None
+        target = str(entry.litellm_params["model"])
+        if "*" in target:
+            segments = match.groups()
+            if len(segments) > target.count("*"):
+                target = name
+            for segment in segments:
+                target = target.replace("*", segment, 1)
+        return entry.model_copy(update={"litellm_params": {**entry.litellm_params, "model": target}})
 
     def resolve_path(self, value: str) -> Path:
         """A path from the config, relative to the config file's folder."""

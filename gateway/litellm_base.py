@@ -22,6 +22,7 @@ import litellm  # noqa: E402
 # OpenAI-compatible server has (LiteLLM would otherwise pick the Responses API for them).
 litellm.use_chat_completions_url_for_anthropic_messages = True
 
+from gateway.deployment_params import PRICING_KEYS  # noqa: E402,F401 (re-exported)
 from gateway.errors import (  # noqa: E402
     UpstreamError,
     UpstreamInvalidResponse,
@@ -29,13 +30,6 @@ from gateway.errors import (  # noqa: E402
     UpstreamUnavailable,
     upstream_error_for_status,
 )
-
-# Config keys that describe pricing for us, not parameters for the provider.
-PRICING_KEYS = frozenset(
-    {"input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost",
-     "cache_creation_input_token_cost"}
-)
-
 
 _TIMEOUT_CAUSES = frozenset({"APITimeoutError", "ReadTimeout", "ConnectTimeout", "WriteTimeout",
                              "PoolTimeout", "ServerTimeoutError", "TimeoutError"})

@@ -99,9 +99,10 @@ async def retrieve_model(model_id: str, principal: PrincipalDep, services: Servi
 @router.get("/models", include_in_schema=False)
 async def list_models(principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
     allowed = principal.tenant.models if principal.tenant else None
+    names = dict.fromkeys(m.name for m in services.settings.models)  # a model of several deployments once
     data = [
-        {"id": m.name, "object": "model", "created": 0, "owned_by": "context-gateway"}
-        for m in services.settings.models
-        if allowed is None or m.name in allowed
+        {"id": name, "object": "model", "created": 0, "owned_by": "context-gateway"}
+        for name in names
+        if allowed is None or name in allowed
     ]
     return {"object": "list", "data": data}

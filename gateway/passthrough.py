@@ -7,6 +7,7 @@ goes back as it came. `/v1/completions` streams too.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -72,8 +73,10 @@ async def handle(request: Request, services: Services, kind: str) -> Response:
     upstream = UpstreamRequest(alias=run.model, litellm_params=model.litellm_params,
                                body={k: v for k, v in body.items() if k not in ("model", "stream")},
                                timeout_seconds=services.settings.server.upstream_timeout_seconds,
-                               request_id=run.request_id)
+                               request_id=run.request_id,
+                               models_allowed=frozenset(tenant.models) if tenant.models is not None else None)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope)
+    upstream = replace(upstream, attempts=recorder.attempts)
     async with recorder:
         await recorder.open()
         recorder.accounting = Accounting(prices=services.upstream.prices(model.litellm_params), tokens_original=0,

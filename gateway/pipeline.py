@@ -35,7 +35,7 @@ from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, internal_error, outcomes_written
 from gateway.services import Services
-from gateway.upstream import UpstreamRequest
+from gateway.upstream import Attempt, UpstreamRequest
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
 from gateway.wire.openai_responses import check_pairs, output_to_neutral
@@ -132,7 +132,8 @@ def model_for(services: Services, tenant: TenantSettings, name: str) -> ModelSet
 
 def _conversation(services: Services, run: RunStart, request: Request, neutral: NeutralRequest,
                   wire: WireFormat, model: ModelSettings, policy: Policy, projection: Projection,
-                  records: Records, assembly: AssemblyRecord, previous_end: int | None) -> Conversation:
+                  records: Records, assembly: AssemblyRecord, previous_end: int | None,
+                  attempts: list[Attempt], models_allowed: frozenset[str] | None) -> Conversation:
     """The upstream request: the projection, plus the rehydration tool.
 
     The tool is declared from a conversation's first request on (when the client sends tools and the
@@ -154,6 +155,9 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         timeout_seconds=services.settings.server.upstream_timeout_seconds,
         request_id=run.request_id,
         extra_headers={name: value for name in FORWARDED_HEADERS if (value := request.headers.get(name))},
+        models_allowed=models_allowed,
+        tokens=projection.tokens_forwarded,
+        attempts=attempts,
     )
     return Conversation(request=upstream_request, rehydrator=rehydrator,
                         client_store=neutral.params.get("store") is not False)
@@ -283,7 +287,8 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             **rate_headers,
         }
         conversation = _conversation(services, run, request, neutral, wire, model, policy, projection, records,
-                                     assembly, ingest.previous_leaf_position)
+                                     assembly, ingest.previous_leaf_position, recorder.attempts,
+                                     frozenset(tenant.models) if tenant.models is not None else None)
         recorder.forwarding()
         if neutral.stream:
             return await _stream(services, wire, neutral, conversation, recorder, headers)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.auth import KeyRing
+from gateway.deployments import RoutedUpstream
 from gateway.config import ConfigError, Settings, load_settings, tenant_policies
 from gateway.services import Services
 from gateway.sessions import SessionSigner
@@ -97,8 +98,11 @@ class Reloader:
             sessions = current.sessions
             if settings.dashboard.session_secret != current.settings.dashboard.session_secret:
                 sessions = SessionSigner(settings.dashboard.session_secret)
+            upstream = current.upstream
+            if isinstance(upstream, RoutedUpstream):
+                upstream = upstream.with_settings(settings)  # deployments, retries and fallbacks as reloaded
             self.app.state.services = replace(current, settings=settings, keyring=KeyRing(settings),
-                                              policies=policies, sessions=sessions)
+                                              policies=policies, sessions=sessions, upstream=upstream)
             self._stamp = _stamp(watched_files(settings))
             versions = {tenant: f"{policy.name} {policy.version_label}" for tenant, policy in policies.items()}
             log.info("config reloaded from %s", self.path, extra={"fields": {

@@ -62,6 +62,10 @@ def _run_fields(scope: Scope) -> dict[str, Any]:
             "cost_usd": outcome.cost_usd, "upstream_latency_ms": round(outcome.latency_ms, 3),
             "error_type": outcome.error_type,
         })
+        if outcome.deployment is not None:
+            fields["deployment"] = outcome.deployment
+            fields["upstream_model"] = outcome.upstream_model
+            fields["upstream_tries"] = max(1, len(outcome.attempts))
     return fields
 
 

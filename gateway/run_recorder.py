@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import anyio
@@ -30,6 +31,7 @@ from gateway.errors import GatewayError, InternalError
 from gateway.forwarding import Completion
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Accounting
+from gateway.upstream import Attempt
 from policies.transcript import PathNode
 from storage.record_types import AssemblyRecord, IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore
@@ -75,6 +77,7 @@ class RunRecorder:
         self.finished = False
         self.outcome: RunOutcome | None = None  # as recorded (the access log reads it)
         self.streaming = False  # handed to a RecordedStream, which finishes it
+        self.attempts: list[Attempt] = []  # every upstream try (gateway/deployments.py), the answer last
         scope.setdefault("state", {}).setdefault(_SCOPE_KEY, []).append(self)
 
     async def ingest(self, path: Sequence[PathNode]) -> IngestResult:
@@ -97,6 +100,7 @@ class RunRecorder:
             self._written()
             return
         self.finished = True
+        outcome = self._with_attempts(outcome)
         self.outcome = outcome
         try:
             with anyio.CancelScope(shield=True):  # a cancelled request still records its end
@@ -120,7 +124,22 @@ class RunRecorder:
         for it until it is written."""
         assert self.accounting is not None
         _WRITING.setdefault(self.start.request_id, asyncio.Event())
-        return outcomes.success(completion, self.started, self.accounting)
+        accounting = self.accounting
+        answered = self.answered()
+        if answered is not None and answered.prices is not None and answered.prices != accounting.prices:
+            accounting = replace(accounting, prices=answered.prices)  # a deployment priced otherwise answered
+        return outcomes.success(completion, self.started, accounting)
+
+    def answered(self) -> Attempt | None:
+        """The try that answered (the last one, when it succeeded)."""
+        return self.attempts[-1] if self.attempts and self.attempts[-1].outcome == "ok" else None
+
+    def _with_attempts(self, outcome: RunOutcome) -> RunOutcome:
+        if not self.attempts:
+            return outcome
+        last = self.attempts[-1]
+        return replace(outcome, deployment=last.deployment, upstream_model=last.upstream_model,
+                       attempts=tuple(a.record() for a in self.attempts))
 
     async def succeed(self, completion: Completion) -> None:
         await self.finish(self.success(completion))

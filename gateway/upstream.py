@@ -19,6 +19,29 @@ class UpstreamRequest:
     timeout_seconds: float
     request_id: str
     extra_headers: Mapping[str, str] = field(default_factory=dict)
+    # Routing (gateway/deployments.py): the models a fallback may go to (None: any), the forwarded
+    # prompt tokens (counted against a deployment's tpm), and the log every try is added to (shared
+    # by the copies a conversation's hidden rounds make, so it covers the whole client request).
+    models_allowed: frozenset[str] | None = None
+    tokens: int = 0
+    attempts: list["Attempt"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of an upstream call: which deployment, how it ended, how long it took."""
+
+    deployment: str
+    model: str  # the model name it served (the requested one, or a fallback)
+    upstream_model: str
+    outcome: str  # "ok", or the error's code
+    http_status: int | None
+    latency_ms: float
+    prices: "Prices | None" = field(default=None, compare=False)
+
+    def record(self) -> dict[str, Any]:
+        return {"deployment": self.deployment, "model": self.model, "upstream_model": self.upstream_model,
+                "outcome": self.outcome, "http_status": self.http_status, "latency_ms": self.latency_ms}
 
 
 @dataclass(frozen=True)

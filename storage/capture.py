@@ -386,6 +386,12 @@ class Capture(StoreBase):
             "response_json": fast_canonical_json(outcome.response) if outcome.response else None,
             "finished_at": self._now(),
         }
+        if outcome.deployment is not None:
+            values["deployment"] = outcome.deployment
+        if outcome.upstream_model is not None:
+            values["upstream_model"] = outcome.upstream_model
+        if len(outcome.attempts) > 1:
+            values["attempts_json"] = fast_canonical_json(list(outcome.attempts))
         with self._writing, self.engine.begin() as connection:
             finished = connection.execute(
                 update(_RUNS).where(_RUNS.c.id == request_id, _RUNS.c.status.in_(("pending", "interrupted")))

@@ -57,6 +57,10 @@ class RunOutcome:
     cache_write_tokens: int | None = None
     finish_reason: str | None = None
     response: Mapping[str, Any] | None = None
+    # Which deployment answered (or failed last), its model, and every upstream try in order.
+    deployment: str | None = None
+    upstream_model: str | None = None
+    attempts: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,8 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
         "parent_request_id": row.parent_request_id,
         "model": row.model,
         "upstream_model": row.upstream_model,
+        "deployment": row.deployment,
+        "attempts": json.loads(row.attempts_json) if row.attempts_json else [],
         "leaf_node_id": row.leaf_node_id,
         "message_count": row.message_count,
         "stream": row.stream,

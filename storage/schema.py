@@ -59,6 +59,8 @@ class ModelRun(Base):
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
     model: Mapped[str] = mapped_column(String(256))
     upstream_model: Mapped[str] = mapped_column(String(256))
+    deployment: Mapped[str | None] = mapped_column(String(128))  # the deployment that answered (or failed last)
+    attempts_json: Mapped[str | None] = mapped_column(Text)  # every upstream try, when there was more than one
     leaf_node_id: Mapped[str] = mapped_column(ID, index=True)
     message_count: Mapped[int] = mapped_column(Integer)
     stream: Mapped[bool] = mapped_column(Boolean)

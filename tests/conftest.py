@@ -158,6 +158,9 @@ def settings_for(api_base: str, storage_url: str, tmp_path: Path, **overrides: A
         ],
         "admin_keys": [ADMIN_KEY],
         "storage": {"url": storage_url, "blob_dir": str(tmp_path / "blobs")},
+        # Upstream failures reach the client at once, so a test of one scripted failure sees it;
+        # tests/gateway/test_deployments.py tests the retries (router.num_retries defaults to 2).
+        "router": {"num_retries": 0},
     }
     for key, value in overrides.items():
         raw[key] = value

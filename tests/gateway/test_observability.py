@@ -53,7 +53,8 @@ def test_gateway_serve_logs_one_json_object_per_line_with_the_request_and_its_ru
     line = access[request_id]
     assert line["client_request_id"] == "client-7f3a" and line["method"] == "POST"
     assert (line["path"], line["status"], line["tenant"], line["model"]) == ("/v1/chat/completions", 200, "acme", "fake")
-    assert (line["deployment"], line["wire_format"], line["run_status"]) == ("openai/fake", "openai.chat", "ok")
+    assert (line["deployment"], line["upstream_model"], line["wire_format"], line["run_status"]) == (
+        "fake#1", "openai/fake", "openai.chat", "ok")
     assert line["tokens_sent"] > 0 and 0 < line["tokens_forwarded"] <= line["tokens_sent"]
     assert line["prompt_tokens"] > 0 and line["latency_ms"] > 0 and line["error_type"] is None
     assert line["level"] == "info" and line["ts"].endswith("Z")

@@ -1,0 +1,370 @@
+"""Deployments: one model name served by several config entries, with retries, fallbacks and cooldowns.
+
+`RoutedUpstream` wraps the upstream client. For each call it picks a deployment
+of the requested model (LiteLLM's Router decides among several: weights,
+`order`, cooldowns; gateway/litellm_router.py), skips those at their `rpm` or
+`tpm` (counted in the rate limiter, so replicas sharing Redis share the count),
+and calls it with that deployment's parameters and timeout. A failure before
+the first byte reaches the client is retried, as LiteLLM Proxy retries:
+
+- on 429, 5xx, timeouts and refused connections, up to `router.num_retries`
+  more tries, on another healthy deployment when there is one (at once), else
+  on the same after a backoff (the provider's `retry-after` when it gives one
+  up to 30 s, else 0.5 s doubling, at least `router.retry_after`);
+- then on each of the model's `router.fallbacks` in turn (those the tenant may
+  use), each with its own tries; a context-window error goes to
+  `router.context_window_fallbacks` instead;
+- a request the provider refuses as malformed (other 4xx) is not retried.
+
+Every try is recorded on the request's attempt log (`UpstreamRequest.attempts`),
+which the run record keeps: which deployment answered, and each failure before it.
+A stream that fails after its first event is reported to the client, never retried.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
+
+from gateway.config import ModelSettings, Settings
+from gateway.deployment_params import ROUTING_KEYS
+from gateway.errors import RateLimitExceeded, UpstreamError, UpstreamInvalidResponse, UpstreamRateLimited, \
+    UpstreamTimeout, UpstreamUnavailable
+from gateway.upstream import Attempt, Prices, UpstreamClient, UpstreamRequest
+from storage.ratelimit import RateLimiter
+
+_MAX_PROVIDER_WAIT = 30.0  # seconds of a provider's retry-after the gateway waits out before retrying
+_FIRST_BACKOFF = 0.5
+_MAX_BACKOFF = 8.0
+
+
+class Picker(Protocol):
+    async def pick(self, name: str) -> str | None: ...
+
+    async def cooling(self, name: str) -> set[str]: ...
+
+    def failed(self, deployment_id: str, error: UpstreamError) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Deployment:
+    id: str
+    entry: ModelSettings
+
+    @property
+    def call_params(self) -> dict[str, Any]:
+        """What LiteLLM is given: the entry's params without the keys routing reads."""
+        return {k: v for k, v in self.entry.litellm_params.items() if k not in ROUTING_KEYS}
+
+    def timeout(self, stream: bool, default: float) -> float:
+        params = self.entry.litellm_params
+        chosen = params.get("stream_timeout") if stream else None
+        return float(chosen or params.get("timeout") or default)
+
+
+def retryable(error: UpstreamError) -> bool:
+    """A failure another try may not meet: rate limits, the provider's own faults, timeouts, no connection."""
+    return isinstance(error, (UpstreamRateLimited, UpstreamTimeout, UpstreamUnavailable, UpstreamInvalidResponse)) \
+        or error.status_code >= 500 or error.status_code == 408
+
+
+def _deployment_fault(error: UpstreamError) -> bool:
+    """A failure of the deployment rather than of the request: worth a fallback and a cooldown."""
+    return retryable(error) or error.status_code in (401, 403, 404)
+
+
+def _context_window(error: UpstreamError) -> bool:
+    text = error.message.lower()
+    return error.status_code == 400 and ("context_length_exceeded" in text or "context window" in text
+                                         or "maximum context length" in text or "prompt is too long" in text)
+
+
+def _provider_wait(error: UpstreamError) -> float | None:
+    value = error.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class RoutedUpstream:
+    """An `UpstreamClient` that routes each call over the requested model's deployments."""
+
+    def __init__(self, inner: UpstreamClient, settings: Settings, limiter: RateLimiter | None,
+                 picker_factory: Callable[[Settings], Picker | None] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.inner = inner
+        self.settings = settings
+        self._limiter = limiter
+        self._sleep = sleep
+        self._picker_factory = picker_factory or default_picker
+        self._picker = self._picker_factory(settings)
+        self._deployments: dict[str, list[Deployment]] = {}
+
+    def with_settings(self, settings: Settings) -> "RoutedUpstream":
+        """The same client routing by a reloaded config (cooldowns start afresh)."""
+        return RoutedUpstream(self.inner, settings, self._limiter, self._picker_factory, self._sleep)
+
+    # The UpstreamClient interface: each call routed.
+    async def warm_up(self) -> None:
+        await self.inner.warm_up()
+
+    async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
+        return await self._call(self.inner.complete, request, stream=False)
+
+    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
+        return await self._call(self.inner.messages, request, stream=False)
+
+    async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
+        return await self._call(self.inner.responses, request, stream=False)
+
+    async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]:
+        return await self._call(self.inner.embeddings, request, stream=False)
+
+    async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]:
+        return await self._call(self.inner.text_completion, request, stream=False)
+
+    def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(self.inner.stream, request)
+
+    def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(self.inner.stream_messages, request)
+
+    def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(self.inner.stream_responses, request)
+
+    def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(self.inner.stream_text_completion, request)
+
+    def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
+        return self.inner.cost_usd(litellm_params, usage)
+
+    def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
+        return self.inner.prices(litellm_params)
+
+    async def aclose(self) -> None:
+        closing = getattr(self.inner, "aclose", None)
+        if closing is not None:
+            await closing()
+
+    # Routing.
+    async def _call(self, call: Callable[[UpstreamRequest], Awaitable[dict[str, Any]]],
+                    request: UpstreamRequest, *, stream: bool) -> dict[str, Any]:
+        plan = _Plan(self, request, stream)
+        while True:
+            routed = await plan.next()
+            started = time.perf_counter()
+            try:
+                answer = await call(routed)
+            except UpstreamError as error:
+                await plan.failed(error, started)
+                continue
+            plan.answered(started)
+            return answer
+
+    async def _stream(self, call: Callable[[UpstreamRequest], AsyncIterator[dict[str, Any]]],
+                      request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        plan = _Plan(self, request, stream=True)
+        while True:
+            routed = await plan.next()
+            started = time.perf_counter()
+            events = call(routed)
+            try:
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                plan.answered(started)
+                return
+            except UpstreamError as error:
+                await _close(events)
+                await plan.failed(error, started)
+                continue
+            plan.answered(started)
+            break
+        try:
+            yield first
+            async for event in events:
+                yield event
+        finally:
+            await _close(events)
+
+    async def _pick(self, name: str, candidates: list[Deployment], tried: set[str],
+                    tokens: int) -> Deployment | None:
+        """A deployment of `name` to try: the Router's pick among those not tried in this request and
+        not at their rpm/tpm, else any not at its limits (the same one again, after a backoff)."""
+        by_id = {d.id: d for d in candidates}
+        usable = [d for d in candidates if await self._within_limits(d, tokens, count=False)]
+        if not usable:
+            return None
+        if len(candidates) == 1 or self._picker is None:
+            fresh = [d for d in usable if d.id not in tried]
+            chosen = (fresh or usable)[0]
+        else:
+            cooling = await self._picker.cooling(name)
+            fresh = [d for d in usable if d.id not in tried and d.id not in cooling]
+            chosen = None
+            for _ in range(4):  # the Router's strategy (weights, order) among what is not cooling down
+                picked = await self._picker.pick(name)
+                if picked is not None and by_id.get(picked) in fresh:
+                    chosen = by_id[picked]
+                    break
+            if chosen is None:
+                # The Router keeps picking what this request tried already (by `order`), or holds
+                # everything in cooldown: another untried one by `order`, else the same again.
+                fresh.sort(key=lambda d: d.entry.litellm_params.get("order", 0))
+                chosen = fresh[0] if fresh else next((d for d in usable if d.id not in cooling), usable[0])
+        await self._within_limits(chosen, tokens, count=True)
+        return chosen
+
+    async def _within_limits(self, deployment: Deployment, tokens: int, *, count: bool) -> bool:
+        """Whether the deployment is under its rpm and tpm this minute (`count`: and count this call)."""
+        params = deployment.entry.litellm_params
+        if self._limiter is None or ("rpm" not in params and "tpm" not in params):
+            return True
+        for kind, limit, amount in (("rpm", params.get("rpm"), 1), ("tpm", params.get("tpm"), tokens)):
+            if limit is None:
+                continue
+            verdict = await self._limiter.hit(f"deployment:{deployment.id}:{kind}", amount if count else 0,
+                                              int(limit))
+            if verdict.remaining <= 0 and not count:
+                return False
+        return True
+
+    def deployments(self, name: str) -> list[Deployment]:
+        found = self._deployments.get(name)
+        if found is None:
+            if len(self._deployments) > 4096:  # names a wildcard matched: not kept without bound
+                self._deployments.clear()
+            found = self._deployments[name] = [Deployment(i, entry) for i, entry in self.settings.deployments(name)]
+        return found
+
+
+class _Plan:
+    """The tries of one call: the requested model's deployments, then its fallbacks."""
+
+    def __init__(self, router: RoutedUpstream, request: UpstreamRequest, stream: bool) -> None:
+        self.router = router
+        self.request = request
+        self.stream = stream
+        settings = router.settings.router
+        self.names = [request.alias]
+        self.context_window_tried = False
+        self.tries_left = settings.num_retries + 1
+        self.tried: set[str] = set()
+        self.current: Deployment | None = None
+        self.error: UpstreamError | None = None
+        self.wait = 0.0
+
+    def _allowed(self, name: str) -> bool:
+        return self.request.models_allowed is None or name in self.request.models_allowed
+
+    async def next(self) -> UpstreamRequest:
+        """The request for the next try, or the last error raised when no try is left."""
+        while True:
+            name = self.names[0]
+            candidates = self.router.deployments(name)
+            if self.tries_left > 0 and candidates:
+                deployment = await self.router._pick(name, candidates, self.tried, self.request.tokens)
+                if deployment is not None:
+                    if self.error is not None and deployment.id in self.tried:
+                        await self.router._sleep(self.wait)
+                    self.tries_left -= 1
+                    self.tried.add(deployment.id)
+                    self.current = deployment
+                    return self._routed(name, deployment)
+                if self.error is None:
+                    self.error = RateLimitExceeded(
+                        f"Every deployment of model '{name}' is at its rpm or tpm limit; try again shortly.",
+                        code="deployments_at_limit", headers={"retry-after": "1"})
+            if not self._next_model():
+                assert self.error is not None
+                raise self.error
+
+    def _next_model(self) -> bool:
+        """Move on to the next fallback model; False when there is none."""
+        settings = self.router.settings.router
+        error = self.error
+        if error is None:
+            return False
+        if isinstance(error, UpstreamError) and _context_window(error) and not self.context_window_tried:
+            self.context_window_tried = True
+            self.names = [self.names[0], *self._fallbacks(context_window=True)]
+        elif len(self.names) == 1 and self.names[0] == self.request.alias and (
+                not isinstance(error, UpstreamError) or _deployment_fault(error)):
+            self.names = [self.names[0], *self._fallbacks(context_window=False)]
+        if len(self.names) < 2:
+            return False
+        self.names = self.names[1:]
+        self.tries_left = settings.num_retries + 1
+        self.tried = set()
+        return True
+
+    def _fallbacks(self, context_window: bool) -> list[str]:
+        """The requested model's fallbacks (declared for its name, or for the wildcard name it matched)."""
+        settings = self.router.settings
+        names = settings.router.fallbacks_for(self.request.alias, context_window)
+        if not names:
+            entry = settings.model(self.request.alias)
+            names = settings.router.fallbacks_for(entry.name, context_window) if entry else []
+        return [n for n in names if self._allowed(n) and n != self.request.alias]
+
+    def _routed(self, name: str, deployment: Deployment) -> UpstreamRequest:
+        default = self.router.settings.router.timeout or self.request.timeout_seconds
+        return replace(self.request, alias=name, litellm_params=deployment.call_params,
+                       timeout_seconds=deployment.timeout(self.stream, default))
+
+    def _attempt(self, started: float, outcome: str, status: int | None) -> None:
+        deployment = self.current
+        assert deployment is not None
+        self.request.attempts.append(Attempt(
+            deployment=deployment.id, model=self.names[0],
+            upstream_model=str(deployment.entry.litellm_params["model"]), outcome=outcome,
+            http_status=status, latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            prices=self.router.prices(deployment.entry.litellm_params)))
+
+    def answered(self, started: float) -> None:
+        self._attempt(started, "ok", 200)
+
+    async def failed(self, error: UpstreamError, started: float) -> None:
+        """Record the failure; raise it when it is not worth another try here or elsewhere."""
+        self._attempt(started, error.code or error.error_type, error.status_code)
+        deployment = self.current
+        assert deployment is not None
+        picker = self.router._picker
+        if picker is not None and _deployment_fault(error) and len(self.router.deployments(self.names[0])) > 1:
+            picker.failed(deployment.id, error)
+        self.error = error
+        if not retryable(error):
+            self.tries_left = 0
+            if not (_deployment_fault(error) or _context_window(error)):
+                raise error
+        provider_wait = _provider_wait(error)
+        if provider_wait is not None and provider_wait > _MAX_PROVIDER_WAIT:
+            self.tries_left = 0  # not this model again soon; a fallback may still answer
+        tries_done = self.router.settings.router.num_retries + 1 - self.tries_left
+        backoff = min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** max(0, tries_done - 1))
+        self.wait = max(self.router.settings.router.retry_after,
+                        provider_wait if provider_wait is not None else backoff)
+
+
+async def _close(events: AsyncIterator[dict[str, Any]]) -> None:
+    closing = getattr(events, "aclose", None)
+    if closing is not None:
+        try:
+            await closing()
+        except Exception:  # a broken stream's own cleanup: its error was reported already
+            pass
+
+
+def default_picker(settings: Settings) -> Picker | None:
+    """LiteLLM's Router over the models with several deployments (None when no model has)."""
+    groups: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for deployment_id, entry in settings.deployment_ids():
+        groups.setdefault(entry.name, []).append((deployment_id, entry.litellm_params))
+    several = {name: members for name, members in groups.items() if len(members) > 1}
+    if not several:
+        return None
+    from gateway.litellm_router import RouterPicker
+
+    return RouterPicker(several, allowed_fails=settings.router.allowed_fails,
+                        cooldown_time=settings.router.cooldown_time)
