@@ -1,4 +1,4 @@
-"""`gateway serve | check-config | replay`."""
+"""`gateway serve | check-config | migrate-config | replay`."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from gateway.config import ConfigError, load_settings, policy_file
+from gateway.config import ConfigError, load_settings, policy_file, read_yaml
+from gateway.config_migration import migrate, render
 from gateway.encodings import use_bundled_encodings
 from policies.presets import PRESET_NAMES, preset
 
@@ -40,6 +41,27 @@ def _check_config(args: argparse.Namespace) -> int:
         f"{args.path}: ok ({len(settings.models)} models, {len(settings.tenants)} tenants, "
         f"storage {settings.storage_url().split('://')[0]})"
     )
+    return 0
+
+
+def _migrate_config(args: argparse.Namespace) -> int:
+    source = Path(args.litellm_config)
+    if args.output and Path(args.output).resolve() == source.resolve():
+        raise ConfigError(args.output, "", "is the LiteLLM config being converted: write the result elsewhere")
+    migration = migrate(read_yaml(source), str(source))
+    text = render(migration, str(source))
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(args.output, "", f"cannot write the file ({exc.strerror})") from exc
+    else:
+        sys.stdout.write(text)
+    for note in migration.notes:
+        print(f"gateway: note: {note}", file=sys.stderr)
+    print(f"gateway: wrote {args.output or 'stdout'} ({len(migration.config['models'])} model entries, "
+          f"{len(migration.notes)} notes); check it with `gateway check-config {args.output or 'PATH'}`",
+          file=sys.stderr)
     return 0
 
 
@@ -79,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file without serving")
     check.add_argument("path")
     check.set_defaults(run=_check_config)
+    migrate_config = sub.add_parser("migrate-config", help="convert a LiteLLM Proxy config.yaml into this gateway's")
+    migrate_config.add_argument("litellm_config", metavar="LITELLM_YAML", help="LiteLLM Proxy config file")
+    migrate_config.add_argument("-o", "--output", metavar="OUT", help="write here (default: stdout)")
+    migrate_config.set_defaults(run=_migrate_config)
     replay = sub.add_parser("replay", help="run agent traces through the assembler offline and print the figures")
     replay.add_argument("traces", nargs="+", help="trace files (JSON or JSONL with a `messages` list)")
     replay.add_argument("--policy", default="default", help=f"a preset ({', '.join(PRESET_NAMES)}) or a YAML policy file")

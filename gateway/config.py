@@ -338,6 +338,9 @@ def _did_you_mean(loc: tuple[Any, ...]) -> str:
 def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError(path, "", "the config must be a YAML mapping")
+    if "model_list" in raw and "models" not in raw:  # before its os.environ/ references fail one by one
+        raise ConfigError(path, "", "this looks like a LiteLLM Proxy config (model_list); "
+                          f"convert it with `gateway migrate-config {path}`")
     resolved = _resolve_env(raw, "", path)
     try:
         settings = Settings.model_validate({**resolved, "source": path, "base_dir": base_dir})
@@ -360,7 +363,7 @@ def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Set
     return settings
 
 
-def _read_yaml(file: Path) -> Any:
+def read_yaml(file: Path) -> Any:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
@@ -376,7 +379,7 @@ def _read_yaml(file: Path) -> Any:
 def policy_file(file: Path) -> Policy:
     """A YAML policy file; errors name the file and the field."""
     try:
-        return policy_from_mapping(_read_yaml(file), str(file))
+        return policy_from_mapping(read_yaml(file), str(file))
     except PolicyError as exc:
         raise ConfigError(exc.source, exc.field, exc.problem) from exc
 
@@ -403,4 +406,4 @@ def tenant_policies(settings: Settings) -> dict[str, Policy]:
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
     file = Path(path)
-    return parse_settings(_read_yaml(file), str(file), str(file.resolve().parent))
+    return parse_settings(read_yaml(file), str(file), str(file.resolve().parent))

@@ -101,6 +101,19 @@ def test_check_config_command(tmp_path: Path) -> None:
     assert f"{bad}: tenants:" in failed.stderr
 
 
+def test_litellm_proxy_config_is_recognised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LITELLM_MASTER_KEY", raising=False)
+    path = write(tmp_path, {"model_list": [{"model_name": "gpt-4o", "litellm_params": {"model": "openai/gpt-4o"}}],
+                            "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"}})
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)  # named before any os.environ/ reference is read
+    assert caught.value.problem == (f"this looks like a LiteLLM Proxy config (model_list); "
+                                    f"convert it with `gateway migrate-config {path}`")
+    checked = subprocess.run([sys.executable, "-m", "gateway", "check-config", str(path)],
+                             capture_output=True, text=True)
+    assert checked.returncode == 2 and f"convert it with `gateway migrate-config {path}`" in checked.stderr
+
+
 def test_readme_policy_example_is_valid() -> None:
     from policies.policy import policy_from_mapping
 
