@@ -97,7 +97,8 @@ class Reloader:
             sessions = current.sessions
             if settings.dashboard.session_secret != current.settings.dashboard.session_secret:
                 sessions = SessionSigner(settings.dashboard.session_secret)
-            self.app.state.services = replace(current, settings=settings, keyring=KeyRing(settings),
+            keyring = KeyRing(settings, current.keyring.database, current.clock)  # made keys: same cache
+            self.app.state.services = replace(current, settings=settings, keyring=keyring,
                                               policies=policies, sessions=sessions)
             self._stamp = _stamp(watched_files(settings))
             versions = {tenant: f"{policy.name} {policy.version_label}" for tenant, policy in policies.items()}
