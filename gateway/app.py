@@ -16,13 +16,15 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import admin_api, dashboard, model_routes, records_api
+from gateway import admin_api, dashboard, keys_api, model_routes, records_api
 from gateway.auth import KeyRing, metrics_caller
+from gateway.budgets import Budgets
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.encodings import use_bundled_encodings
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.housekeeping import Housekeeping
+from gateway.key_cache import DatabaseKeys
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
 from gateway.reload import Reloader
 from gateway.request_id import RequestIdMiddleware
@@ -37,6 +39,7 @@ from storage.database import make_engine
 from gateway.deployments import RoutedUpstream
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
+from storage.spend import MemorySpendCounters, RedisSpendCounters, SpendCounters
 
 
 
@@ -93,6 +96,10 @@ def create_app(
             RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)
             if settings.redis.url else MemoryRateLimiter(clock)
         )
+        counters: SpendCounters = (
+            RedisSpendCounters(settings.redis.url, prefix=f"{settings.redis.key_prefix}spend:")
+            if settings.redis.url else MemorySpendCounters()
+        )
         inner = upstream or default_upstream(settings)
         client = RoutedUpstream(inner, settings, limiter)
         await client.warm_up()
@@ -101,12 +108,13 @@ def create_app(
             settings=settings,
             store=record_store,
             upstream=client,
-            keyring=KeyRing(settings),
+            keyring=KeyRing(settings, DatabaseKeys(record_store), clock),
             policies=tenant_policies(settings),
             clock=clock,
             sessions=SessionSigner(settings.dashboard.session_secret),
             metrics=metrics,
             limiter=limiter,
+            budgets=Budgets(counters, record_store, clock),
         )
         beating = asyncio.create_task(housekeeping.run_forever())
         reloader = Reloader(app, settings.source) if Path(settings.source).is_file() else None
@@ -129,6 +137,7 @@ def create_app(
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await run_in_threadpool(record_store.retire_instance)
             await limiter.close()
+            await counters.close()
             if upstream is None:
                 await client.aclose()  # the direct transport's connection pool
             if owned_store:
@@ -148,6 +157,7 @@ def create_app(
     app.include_router(records_api.router)
     app.include_router(dashboard.router)
     app.include_router(admin_api.router)
+    app.include_router(keys_api.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -149,12 +149,20 @@ class LimitSettings(_Strict):
     tokens_per_minute: int | None = Field(None, gt=0)  # prompt tokens as forwarded
 
 
+class BudgetSettings(_Strict):
+    """USD a tenant (or a key) may spend per UTC day and per UTC month, as the runs' costs record it."""
+
+    usd_per_day: float | None = Field(None, gt=0)
+    usd_per_month: float | None = Field(None, gt=0)
+
+
 class TenantSettings(_Strict):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     api_keys: list[str] = Field(min_length=1)
     policy: str = "default"
     models: list[str] | None = None  # None: every model of the config
     limits: LimitSettings = LimitSettings()
+    budget: BudgetSettings = BudgetSettings()
 
     @field_validator("api_keys")
     @classmethod
@@ -188,7 +196,7 @@ class DashboardSettings(_Strict):
 
 
 class RedisSettings(_Strict):
-    url: str | None = None  # rate limits shared by replicas; without it, per process
+    url: str | None = None  # rate limits and spend shared by replicas; without it, per process
     key_prefix: str = "gw:"
 
 

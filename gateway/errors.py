@@ -7,7 +7,8 @@
     ├── PermissionDenied (403 permission_error)
     ├── NotFound (404 invalid_request_error)
     │   └── ModelNotFound (404, code model_not_found)
-    ├── RateLimitExceeded (429 rate_limit_error: the tenant's limit here)
+    ├── RateLimitExceeded (429 rate_limit_error: the tenant's or key's limit here)
+    │   └── BudgetExceeded (429 insufficient_quota, code budget_exceeded: a spend budget here)
     └── UpstreamError (the upstream's status)
         ├── UpstreamRateLimited (429 rate_limit_error)
         ├── UpstreamTimeout (504 timeout)
@@ -94,6 +95,13 @@ class RateLimitExceeded(GatewayError):
     status_code = 429
     error_type = "rate_limit_error"
     default_code = "rate_limit_exceeded"
+
+
+class BudgetExceeded(RateLimitExceeded):
+    """A key's or tenant's USD budget for the day or month is spent (OpenAI's type for a spent quota)."""
+
+    error_type = "insufficient_quota"
+    default_code = "budget_exceeded"
 
 
 class UpstreamError(GatewayError):

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.forwarding import Completion, FirstRound
 from gateway.outcomes import Accounting
-from gateway.pipeline import SESSION_HEADERS, check_limit, header_value, model_for, read_body, tenant_principal
+from gateway.pipeline import SESSION_HEADERS, check_limits, header_value, model_for, read_body, tenant_principal
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
 from gateway.services import Services
@@ -55,7 +55,7 @@ def _checked(model: type[BaseModel], body: dict[str, Any]) -> BaseModel:
 
 async def handle(request: Request, services: Services, kind: str) -> Response:
     """One embeddings or completions request, recorded as a run of wire format `openai.<kind>`."""
-    principal = tenant_principal(request, services)
+    principal = await tenant_principal(request, services)
     tenant = principal.tenant
     assert tenant is not None
     body = parse_json_object(await read_body(request, services.settings.server.max_body_bytes))
@@ -63,19 +63,20 @@ async def handle(request: Request, services: Services, kind: str) -> Response:
     check_text(checked.model, "model")  # type: ignore[attr-defined]
     model = model_for(services, tenant, checked.model)  # type: ignore[attr-defined]
     stream = kind == "completions" and bool(body.get("stream"))
-    headers = await check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
+    headers = await check_limits(services, principal, "requests", 1)
+    await services.budgets.check(principal)
     labels = [header_value(request, name) for name in SESSION_HEADERS]
     run = RunStart(request_id=request_id_of(request), tenant=tenant.id,
                    participant=header_value(request, "x-gateway-participant") or principal.key_id,
                    model=checked.model, upstream_model=str(model.litellm_params["model"]),  # type: ignore[attr-defined]
                    stream=stream, session_label=next((label for label in labels if label), None),
-                   wire_format=f"openai.{kind}")
+                   wire_format=f"openai.{kind}", api_key_id=principal.key_id)
     upstream = UpstreamRequest(alias=run.model, litellm_params=model.litellm_params,
                                body={k: v for k, v in body.items() if k not in ("model", "stream")},
                                timeout_seconds=services.settings.server.upstream_timeout_seconds,
                                request_id=run.request_id,
                                models_allowed=frozenset(tenant.models) if tenant.models is not None else None)
-    recorder = RunRecorder(services.store, services.metrics, run, request.scope)
+    recorder = RunRecorder(services.store, services.metrics, run, request.scope, budgets=services.budgets)
     upstream = replace(upstream, attempts=recorder.attempts)
     async with recorder:
         await recorder.open()

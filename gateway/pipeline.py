@@ -1,7 +1,7 @@
 """The request path, the same for every wire format.
 
-authenticate -> read and parse the body (the wire format) -> check model and
-limits -> ingest (durable; opens the run) -> project -> forward through the
+authenticate -> read and parse the body (the wire format) -> check model,
+limits and budgets -> ingest (durable; opens the run) -> project -> forward through the
 upstream client -> answer in the wire format. From ingest on, a `RunRecorder`
 records how the run ended, whatever the exit.
 """
@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from gateway import forwarding, messages_forwarding, responses_forwarding
-from gateway.auth import Principal, authenticate
+from gateway.auth import Principal, authenticate_async
 from gateway.config import ModelSettings, TenantSettings
 from gateway.errors import (
     GatewayError,
@@ -76,11 +76,27 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-async def check_limit(services: Services, tenant: str, kind: str, amount: int, limit: int | None) -> dict[str, str]:
-    """Count `amount` against the tenant's per-minute limit; 429 past it. Returns OpenAI-style headers."""
+async def check_limits(services: Services, principal: Principal, kind: str, amount: int) -> dict[str, str]:
+    """Count `amount` against the tenant's per-minute limit of `kind` (requests, tokens), then against
+    the key's (a key made through the API may have its own); 429 past either. Returns OpenAI-style
+    headers, the key's where both apply."""
+    assert principal.tenant is not None
+    field = f"{kind}_per_minute"
+    headers = await check_limit(services, principal.tenant.id, f"tenant '{principal.tenant.id}'", kind, amount,
+                                getattr(principal.tenant.limits, field))
+    key_limits = principal.key_limits
+    if key_limits is not None:
+        headers |= await check_limit(services, f"key:{principal.key_id}", f"API key '{principal.key_id}'", kind,
+                                     amount, getattr(key_limits, field))
+    return headers
+
+
+async def check_limit(services: Services, subject: str, who: str, kind: str, amount: int,
+                      limit: int | None) -> dict[str, str]:
+    """Count `amount` against one per-minute limit; 429 past it. Returns OpenAI-style headers."""
     if limit is None:
         return {}
-    verdict = await services.limiter.hit(f"{tenant}:{kind}", amount, limit)
+    verdict = await services.limiter.hit(f"{subject}:{kind}", amount, limit)
     headers = {
         f"x-ratelimit-limit-{kind}": str(verdict.limit),
         f"x-ratelimit-remaining-{kind}": str(verdict.remaining),
@@ -88,7 +104,7 @@ async def check_limit(services: Services, tenant: str, kind: str, amount: int, l
     }
     if not verdict.allowed:
         raise RateLimitExceeded(
-            f"Rate limit reached for tenant '{tenant}': {limit} {kind} per minute. Try again in "
+            f"Rate limit reached for {who}: {limit} {kind} per minute. Try again in "
             f"{verdict.reset_seconds}s.", headers={"retry-after": str(verdict.reset_seconds), **headers},
         )
     return headers
@@ -120,6 +136,7 @@ def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, 
         session_label=next((label for label in labels if label), None),
         parent_request_id=parent,
         wire_format=wire.name,
+        api_key_id=principal.key_id,
     )
 
 
@@ -219,8 +236,9 @@ async def continued(services: Services, tenant: str, neutral: NeutralRequest) ->
     return replace(neutral, messages=messages)
 
 
-def tenant_principal(request: Request, services: Services) -> Principal:
-    principal = authenticate(services.keyring, request.headers.get("authorization"), request.headers.get("x-api-key"))
+async def tenant_principal(request: Request, services: Services) -> Principal:
+    principal = await authenticate_async(services.keyring, request.headers.get("authorization"),
+                                         request.headers.get("x-api-key"))
     if principal.tenant is None:
         raise PermissionDenied("admin keys read records; model requests need a tenant key")
     return principal
@@ -228,7 +246,7 @@ def tenant_principal(request: Request, services: Services) -> Principal:
 
 async def count_tokens(request: Request, services: Services, wire: AnthropicMessages) -> int:
     """Tokens of what would be forwarded: the projection of the request's transcript (nothing is stored)."""
-    principal = tenant_principal(request, services)
+    principal = await tenant_principal(request, services)
     assert principal.tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
     neutral = await run_in_threadpool(wire.parse_count, raw)
@@ -239,13 +257,14 @@ async def count_tokens(request: Request, services: Services, wire: AnthropicMess
 
 async def handle(request: Request, services: Services, wire: WireFormat) -> Response:
     """One model request in `wire`'s format, answered in it."""
-    principal = tenant_principal(request, services)
+    principal = await tenant_principal(request, services)
     tenant = principal.tenant
     assert tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
     neutral = await _parse(wire, raw)
     model = model_for(services, tenant, neutral.model)
-    rate_headers = await check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
+    rate_headers = await check_limits(services, principal, "requests", 1)
+    await services.budgets.check(principal)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)
     run = _run_start(request, principal, neutral, model, wire)
@@ -253,7 +272,8 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         path = await run_in_threadpool(message_path, tenant.id, neutral.messages, fast_canonical_json)
     else:
         path = message_path(tenant.id, neutral.messages, fast_canonical_json)
-    recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies)
+    recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
+                           services.budgets)
     async with recorder:
         started = time.perf_counter()
         try:
@@ -279,8 +299,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             assembly_record(projection, timings, run.parent_request_id, [n.message for n in path]),
             ingest.previous_request_id)
         recorder.assembly = assembly
-        rate_headers |= await check_limit(services, tenant.id, "tokens", projection.tokens_forwarded,
-                                          tenant.limits.tokens_per_minute)
+        rate_headers |= await check_limits(services, principal, "tokens", projection.tokens_forwarded)
         headers = {
             "x-gateway-tokens-original": str(projection.tokens_original),
             "x-gateway-tokens-forwarded": str(projection.tokens_forwarded),

@@ -101,7 +101,8 @@ class Reloader:
             upstream = current.upstream
             if isinstance(upstream, RoutedUpstream):
                 upstream = upstream.with_settings(settings)  # deployments, retries and fallbacks as reloaded
-            self.app.state.services = replace(current, settings=settings, keyring=KeyRing(settings),
+            keyring = KeyRing(settings, current.keyring.database, current.clock)  # made keys: same cache
+            self.app.state.services = replace(current, settings=settings, keyring=keyring,
                                               policies=policies, sessions=sessions, upstream=upstream)
             self._stamp = _stamp(watched_files(settings))
             versions = {tenant: f"{policy.name} {policy.version_label}" for tenant, policy in policies.items()}

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import outcomes
 from gateway.assembly_bases import RecentAssemblies
+from gateway.budgets import Budgets
 from gateway.errors import GatewayError, InternalError
 from gateway.forwarding import Completion
 from gateway.metrics import GatewayMetrics
@@ -65,8 +66,9 @@ class RunRecorder:
     """Records one run's outcome exactly once."""
 
     def __init__(self, store: RecordStore, metrics: GatewayMetrics, start: RunStart, scope: Scope,
-                 recent: RecentAssemblies | None = None) -> None:
+                 recent: RecentAssemblies | None = None, budgets: Budgets | None = None) -> None:
         self.store = store
+        self.budgets = budgets
         self.recent = recent
         self.metrics = metrics
         self.start = start
@@ -109,6 +111,10 @@ class RunRecorder:
             log.exception("could not record the outcome of run %s", self.start.request_id)
         else:
             self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
+            if self.budgets is not None and outcome.cost_usd:
+                with anyio.CancelScope(shield=True):
+                    await self.budgets.spend(self.start.tenant, self.start.api_key_id, outcome.cost_usd,
+                                             self.start.started_at)
             if self.recent is not None and self.assembly is not None:
                 self.recent.remember(self.start.request_id, self.assembly)
         finally:

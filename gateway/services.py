@@ -7,6 +7,7 @@ from typing import Annotated, Callable
 from fastapi import Depends, Request
 
 from gateway.assembly_bases import RecentAssemblies
+from gateway.budgets import Budgets
 from gateway.auth import KeyRing, Principal, authenticate, bearer_key
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import COOKIE, SessionSigner
@@ -28,6 +29,7 @@ class Services:
     sessions: SessionSigner
     metrics: GatewayMetrics
     limiter: RateLimiter
+    budgets: Budgets
     recent_assemblies: RecentAssemblies = field(default_factory=RecentAssemblies)
 
 
@@ -36,7 +38,8 @@ def get_services(request: Request) -> Services:
 
 
 def get_principal(request: Request) -> Principal:
-    """The bearer key's principal; for reads without one, the dashboard's signed session cookie."""
+    """The bearer key's principal; for reads without one, the dashboard's signed session cookie.
+    (A sync dependency: FastAPI runs it in a worker thread, where a made key may be read from the database.)"""
     services: Services = request.app.state.services
     authorization = request.headers.get("authorization")
     api_key = request.headers.get("x-api-key")

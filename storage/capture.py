@@ -196,6 +196,7 @@ class Capture(StoreBase):
             message_count=len(path),
             stream=run.stream,
             wire_format=run.wire_format,
+            api_key_id=run.api_key_id,
             instance_id=self.instance_id,
             status="pending",
             started_at=run.started_at,

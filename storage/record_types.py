@@ -34,6 +34,7 @@ class RunStart:
     session_label: str | None = None
     parent_request_id: str | None = None
     wire_format: str = "openai.chat"
+    api_key_id: str | None = None  # the key's id or fingerprint, never the key
     started_at: datetime = field(default_factory=utcnow)
 
 
@@ -238,6 +239,7 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
         "message_count": row.message_count,
         "stream": row.stream,
         "wire_format": row.wire_format,
+        "api_key_id": row.api_key_id,
         "status": row.status,
         "http_status": row.http_status,
         "error": (

@@ -3,7 +3,7 @@
 Its parts live in their own modules: capture (`storage/capture.py`), the read
 side (`storage/reads.py`), deletion and blob collection
 (`storage/deletion.py`), serving instances and the runs a dead one left
-pending (`storage/instances.py`).
+pending (`storage/instances.py`), keys made through the API (`storage/api_keys.py`).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from alembic import command as alembic_command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import text
 
+from storage.api_keys import KeyRecords
 from storage.capture import Capture
 from storage.deletion import Deletion
 from storage.instances import Instances
@@ -21,7 +22,7 @@ from storage.reads import Reads
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
-class RecordStore(Capture, Reads, Deletion, Instances):
+class RecordStore(Capture, Reads, Deletion, Instances, KeyRecords):
     def create_schema(self) -> None:
         """Bring the database to the latest schema (Alembic migrations in storage/migrations).
 

@@ -11,6 +11,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    JSON,
     LargeBinary,
     String,
     Text,
@@ -66,6 +67,8 @@ class ModelRun(Base):
     stream: Mapped[bool] = mapped_column(Boolean)
     wire_format: Mapped[str | None] = mapped_column(String(32))  # openai.chat, ...
     instance_id: Mapped[str | None] = mapped_column(ID)  # the gateway process that served it
+    # The key it came with: an `api_keys` id, or `key-<digest prefix>` for a key of the config.
+    api_key_id: Mapped[str | None] = mapped_column(ID, index=True)
     status: Mapped[str] = mapped_column(String(32), index=True)
     http_status: Mapped[int | None] = mapped_column(Integer)
     error_type: Mapped[str | None] = mapped_column(String(64))
@@ -203,3 +206,21 @@ class ForwardedMessage(Base):
     tenant: Mapped[str] = mapped_column(TENANT, index=True)
     message_zlib: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ApiKey(Base):
+    """A key made through `POST /api/keys`: only its sha256 is kept, beside the config's keys."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    name: Mapped[str | None] = mapped_column(String(256))
+    digest: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the key
+    prefix: Mapped[str] = mapped_column(String(16))  # its first characters, to tell keys apart
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    models: Mapped[list[str] | None] = mapped_column(JSON)  # None: the tenant's models
+    budget: Mapped[dict | None] = mapped_column(JSON)  # usd_per_day, usd_per_month
+    limits: Mapped[dict | None] = mapped_column(JSON)  # requests_per_minute, tokens_per_minute
