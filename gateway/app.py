@@ -8,7 +8,7 @@ import signal
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,13 +29,19 @@ from gateway.request_id import RequestIdMiddleware
 from gateway.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
 from gateway.sessions import SessionSigner
+from gateway.tracing import Tracing
+from gateway.tracing_middleware import TracingMiddleware
 from gateway.upstream import UpstreamClient
+from gateway.upstream_tracing import TracedUpstream
 from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 
 
@@ -76,9 +82,12 @@ def create_app(
     upstream: UpstreamClient | None = None,
     store: RecordStore | None = None,
     clock: Callable[[], float] = time.time,
+    span_exporter: SpanExporter | None = None,
 ) -> FastAPI:
+    """`span_exporter`: where spans go, whatever `telemetry` says (tests: an in-memory exporter)."""
     use_bundled_encodings()  # before the first token is counted
     metrics = GatewayMetrics()
+    tracing = Tracing(settings.telemetry, span_exporter)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -94,17 +103,19 @@ def create_app(
         )
         client = upstream or default_upstream(settings)
         await client.warm_up()
+        tracing.start()
         await run_in_threadpool(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
             settings=settings,
             store=record_store,
-            upstream=client,
+            upstream=TracedUpstream(client, tracing.tracer, tracing.capture_content) if tracing.tracer else client,
             keyring=KeyRing(settings),
             policies=tenant_policies(settings),
             clock=clock,
             sessions=SessionSigner(settings.dashboard.session_secret),
             metrics=metrics,
             limiter=limiter,
+            tracing=tracing,
         )
         beating = asyncio.create_task(housekeeping.run_forever())
         reloader = Reloader(app, settings.source) if Path(settings.source).is_file() else None
@@ -131,16 +142,18 @@ def create_app(
                 await client.aclose()  # the direct transport's connection pool
             if owned_store:
                 record_store.engine.dispose()
+            await run_in_threadpool(tracing.shutdown)  # exports what is still queued
 
     docs = settings.server.docs
     app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
                   redoc_url=None, openapi_url="/openapi.json" if docs else None)
     # Middleware, outermost first (add_middleware prepends): request ids wrap everything; the
-    # error boundary answers what escapes a route; the run guard finishes any run left open;
+    # server span sees the request id and the final status; the error boundary answers what escapes a route; the run guard finishes any run left open;
     # request lines storage cannot hold are refused before a route sees them.
     app.add_middleware(RequestSanity)
     app.add_middleware(RunGuard)
     app.add_middleware(ErrorBoundary, metrics=metrics)
+    app.add_middleware(TracingMiddleware, tracing=tracing)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(model_routes.router)
     app.include_router(records_api.router)
