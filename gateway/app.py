@@ -8,7 +8,7 @@ import signal
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,7 +31,10 @@ from gateway.request_id import RequestIdMiddleware
 from gateway.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
 from gateway.sessions import SessionSigner
+from gateway.tracing import Tracing
+from gateway.tracing_middleware import TracingMiddleware
 from gateway.upstream import UpstreamClient
+from gateway.upstream_tracing import TracedUpstream
 from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import DirectoryBlobStore
@@ -40,6 +43,9 @@ from gateway.deployments import RoutedUpstream
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
 from storage.spend import MemorySpendCounters, RedisSpendCounters, SpendCounters
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 
 
@@ -80,9 +86,12 @@ def create_app(
     upstream: UpstreamClient | None = None,
     store: RecordStore | None = None,
     clock: Callable[[], float] = time.time,
+    span_exporter: SpanExporter | None = None,
 ) -> FastAPI:
+    """`span_exporter`: where spans go, whatever `telemetry` says (tests: an in-memory exporter)."""
     use_bundled_encodings()  # before the first token is counted
     metrics = GatewayMetrics()
+    tracing = Tracing(settings.telemetry, span_exporter)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,8 +109,11 @@ def create_app(
             RedisSpendCounters(settings.redis.url, prefix=f"{settings.redis.key_prefix}spend:")
             if settings.redis.url else MemorySpendCounters()
         )
+        tracing.start()
         inner = upstream or default_upstream(settings)
-        client = RoutedUpstream(inner, settings, limiter)
+        # Each try of a routed call is a span of its own (the traced client sits inside the routing).
+        traced = TracedUpstream(inner, tracing.tracer, tracing.capture_content) if tracing.tracer else inner
+        client = RoutedUpstream(traced, settings, limiter)
         await client.warm_up()
         await run_in_threadpool(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
@@ -115,6 +127,7 @@ def create_app(
             metrics=metrics,
             limiter=limiter,
             budgets=Budgets(counters, record_store, clock),
+            tracing=tracing,
         )
         beating = asyncio.create_task(housekeeping.run_forever())
         reloader = Reloader(app, settings.source) if Path(settings.source).is_file() else None
@@ -142,16 +155,18 @@ def create_app(
                 await client.aclose()  # the direct transport's connection pool
             if owned_store:
                 record_store.engine.dispose()
+            await run_in_threadpool(tracing.shutdown)  # exports what is still queued
 
     docs = settings.server.docs
     app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
                   redoc_url=None, openapi_url="/openapi.json" if docs else None)
     # Middleware, outermost first (add_middleware prepends): request ids wrap everything; the
-    # error boundary answers what escapes a route; the run guard finishes any run left open;
+    # server span sees the request id and the final status; the error boundary answers what escapes a route; the run guard finishes any run left open;
     # request lines storage cannot hold are refused before a route sees them.
     app.add_middleware(RequestSanity)
     app.add_middleware(RunGuard)
     app.add_middleware(ErrorBoundary, metrics=metrics)
+    app.add_middleware(TracingMiddleware, tracing=tracing)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(model_routes.router)
     app.include_router(records_api.router)

@@ -200,6 +200,27 @@ class RedisSettings(_Strict):
     key_prefix: str = "gw:"
 
 
+class TelemetrySettings(_Strict):
+    """OpenTelemetry traces (gateway/tracing.py), exported over OTLP/HTTP; off without an endpoint."""
+
+    # The collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT takes it (http://collector:4318; spans go
+    # to its /v1/traces), or a full URL ending in /v1/traces. The config is the only switch: write
+    # `os.environ/OTEL_EXPORTER_OTLP_ENDPOINT` to take the standard variable.
+    otlp_endpoint: str | None = None
+    service_name: str = Field("context-gateway", min_length=1)
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with every export (a collector's API key)
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)  # of traces the gateway starts; a caller's decision stands
+    # Record the prompt and the answer on the upstream spans (gen_ai.input.messages, gen_ai.output.messages).
+    capture_content: bool = False
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError("an http:// or https:// URL such as http://collector:4318")
+        return url
+
+
 class Settings(_Strict):
     models: list[ModelSettings] = Field(min_length=1)
     tenants: list[TenantSettings] = Field(min_length=1)
@@ -209,6 +230,7 @@ class Settings(_Strict):
     server: ServerSettings = ServerSettings()
     dashboard: DashboardSettings = DashboardSettings()
     router: RouterSettings = RouterSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"  # one JSON object per line on stderr, or plain text
     access_log: bool = True  # one line per request (gateway.access): ids, tenant, model, tokens, latency

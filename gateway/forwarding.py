@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway.rehydration import Rehydrator
 from gateway.streaming import StreamAccumulator
+from gateway.tracing import OFF, Tracing
 from gateway.upstream import UpstreamClient, UpstreamRequest
 from gateway.errors import GatewayError
 from gateway.wire import NeutralRequest
@@ -99,6 +100,7 @@ class Conversation:
     usage: dict[str, Any] | None = None  # Chat-shaped, summed over rounds
     rounds: int = 0
     client_store: bool = True  # Responses: whether the client asked the response to be stored
+    tracing: Tracing = OFF
 
     def extend(self, *messages: dict[str, Any], field: str = "messages") -> None:
         """Append messages (a hidden round) to the upstream request's transcript (`input` for Responses)."""
@@ -110,9 +112,20 @@ class Conversation:
         return self.rehydrator is not None and self.rounds < self.rehydrator.policy.rehydration.max_rounds
 
     async def answer(self, calls: list[dict[str, Any]]) -> list[str]:
-        assert self.rehydrator is not None
-        self.rehydrator.rounds = self.rounds + 1
-        answers = [await run_in_threadpool(self.rehydrator.answer, call) for call in calls]
+        """The gateway's answers to one round of calls to its tool (a `gateway.rehydration` span)."""
+        rehydrator = self.rehydrator
+        assert rehydrator is not None
+        rehydrator.rounds = self.rounds + 1
+        decided = len(rehydrator.decisions)
+        with self.tracing.span("gateway.rehydration", {"gateway.rehydration.round": rehydrator.rounds,
+                                                       "gateway.rehydration.calls": len(calls)}) as span:
+            answers = [await run_in_threadpool(rehydrator.answer, call) for call in calls]
+            decisions = rehydrator.decisions[decided:]
+            span.set_attributes({
+                "gateway.rehydration.artifact_ids": [str(d.get("artifact_id")) for d in decisions
+                                                     if d.get("action") == "rehydrated"],
+                "gateway.rehydration.refused": sum(d.get("action") == "rehydration_refused" for d in decisions),
+            })
         self.rounds += 1
         return answers
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -177,7 +177,17 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         attempts=attempts,
     )
     return Conversation(request=upstream_request, rehydrator=rehydrator,
-                        client_store=neutral.params.get("store") is not False)
+                        client_store=neutral.params.get("store") is not False, tracing=services.tracing)
+
+
+def assembly_attributes(path: Sequence[Any], projection: Projection) -> dict[str, Any]:
+    """The `gateway.assembly` span's account: messages and tokens as the client sent them and as forwarded."""
+    actions: dict[str, int] = {}
+    for decision in projection.decisions:
+        actions[decision.action] = actions.get(decision.action, 0) + 1
+    return {"gateway.assembly.messages_in": len(path), "gateway.assembly.messages_out": len(projection.messages),
+            "gateway.tokens.sent": projection.tokens_original, "gateway.tokens.forwarded": projection.tokens_forwarded,
+            **{f"gateway.assembly.{action}": count for action, count in sorted(actions.items()) if action != "verbatim"}}
 
 
 def _stable_ends(policy: Policy, projection: Projection, previous_end: int | None) -> list[int]:
@@ -276,18 +286,25 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
                            services.budgets)
     async with recorder:
         started = time.perf_counter()
-        try:
-            ingest = await recorder.ingest(path)
-        except UnknownParentRequest as exc:
-            raise InvalidRequest(f"header {PARENT_HEADER}: no request '{run.parent_request_id}' of this tenant",
-                                 param=PARENT_HEADER, code="invalid_header") from exc
-        except UnstorableValue as exc:
-            raise InvalidRequest(f"a value in the request cannot be stored: {exc}", code="invalid_value") from exc
+        with services.tracing.span("gateway.ingest", {"gateway.ingest.messages": len(path)}) as span:
+            try:
+                ingest = await recorder.ingest(path)
+            except UnknownParentRequest as exc:
+                raise InvalidRequest(f"header {PARENT_HEADER}: no request '{run.parent_request_id}' of this tenant",
+                                     param=PARENT_HEADER, code="invalid_header") from exc
+            except UnstorableValue as exc:
+                raise InvalidRequest(f"a value in the request cannot be stored: {exc}", code="invalid_value") from exc
+            span.set_attributes({"gateway.ingest.messages_captured": len(ingest.new_node_ids),
+                                 "gateway.ingest.artifacts_captured": len(ingest.new_artifact_ids)})
         ingest_ms = (time.perf_counter() - started) * 1000
         policy = services.policies[tenant.id]
-        projection, records, assembly_ms = await run_in_threadpool(
-            project, policy, model, path, ingest, services.clock(), run.participant
-        )
+        with services.tracing.span("gateway.assembly", {"gateway.policy.name": policy.name,
+                                                        "gateway.policy.version": policy.version}) as span:
+            projection, records, assembly_ms = await run_in_threadpool(
+                project, policy, model, path, ingest, services.clock(), run.participant
+            )
+            if span.is_recording():
+                span.set_attributes(assembly_attributes(path, projection))
         recorder.accounting = Accounting(
             prices=services.upstream.prices(model.litellm_params),
             tokens_original=projection.tokens_original,

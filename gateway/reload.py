@@ -8,7 +8,7 @@ One that loads replaces, in one step, the keys, tenants, limits, models and
 policies: a request reads them once as it starts, so requests in flight finish
 under the config they began with and the next one uses the new. Settings that
 only a restart can change (storage, Redis, the listening socket, the transport,
-logging, the heartbeat) keep their running values; the reload names them.
+logging, telemetry, the heartbeat) keep their running values; the reload names them.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from policies.presets import PRESET_NAMES
 log = logging.getLogger("gateway.reload")
 
 # Read once at start: a changed value waits for a restart.
-_RESTART_ONLY = ("storage", "redis", "log_level", "log_format", "access_log")
+_RESTART_ONLY = ("storage", "redis", "log_level", "log_format", "access_log", "telemetry")
 _RESTART_ONLY_SERVER = ("host", "port", "heartbeat_seconds", "direct_transport", "docs", "watch_config")
 
 

@@ -12,6 +12,7 @@ from gateway.auth import KeyRing, Principal, authenticate, bearer_key
 from gateway.metrics import GatewayMetrics
 from gateway.sessions import COOKIE, SessionSigner
 from gateway.config import Settings
+from gateway.tracing import OFF, Tracing
 from gateway.upstream import UpstreamClient
 from policies.policy import Policy
 from storage.ratelimit import RateLimiter
@@ -31,6 +32,7 @@ class Services:
     limiter: RateLimiter
     budgets: Budgets
     recent_assemblies: RecentAssemblies = field(default_factory=RecentAssemblies)
+    tracing: Tracing = OFF  # spans of model requests (gateway/tracing.py)
 
 
 def get_services(request: Request) -> Services:
