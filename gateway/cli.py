@@ -23,7 +23,8 @@ def _serve(args: argparse.Namespace) -> int:
     where = {"host": args.host or settings.server.host,
              "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level,
              "log_config": logging_config(settings.log_level, settings.log_format, settings.access_log),
-             "access_log": False}  # the gateway writes its own (gateway.access)
+             "access_log": False,  # the gateway writes its own (gateway.access)
+             "timeout_graceful_shutdown": settings.server.shutdown_grace_seconds}
     if args.workers <= 1:
         uvicorn.run(create_app(settings), **where)
         return 0

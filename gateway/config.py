@@ -59,6 +59,11 @@ class ServerSettings(_Strict):
     # Required as `Authorization: Bearer <token>` on `/metrics` when set (its labels name tenants);
     # plain or `sha256:<hex>` as API keys are. Admin keys are accepted too.
     metrics_token: str | None = None
+    # After SIGTERM, requests in flight (a stream may run for upstream_timeout_seconds) have this
+    # long to finish; then they are cancelled and the shutdown settles this instance's runs. Give
+    # the platform's own grace (kubernetes terminationGracePeriodSeconds) more than this, or it
+    # kills the process before that shutdown code runs.
+    shutdown_grace_seconds: float = Field(630.0, gt=0)
 
     @field_validator("metrics_token")
     @classmethod

@@ -30,7 +30,8 @@ log = logging.getLogger("gateway.reload")
 
 # Read once at start: a changed value waits for a restart.
 _RESTART_ONLY = ("storage", "redis", "log_level", "log_format", "access_log", "telemetry")
-_RESTART_ONLY_SERVER = ("host", "port", "heartbeat_seconds", "direct_transport", "docs", "watch_config")
+_RESTART_ONLY_SERVER = ("host", "port", "heartbeat_seconds", "direct_transport", "docs", "watch_config",
+                        "shutdown_grace_seconds")
 
 
 @dataclass(frozen=True)
