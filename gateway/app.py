@@ -96,6 +96,7 @@ def create_app(
         owned_store = store is None
         record_store = store or build_store(settings, clock)
         await run_in_threadpool(record_store.create_schema)
+        await run_in_threadpool(record_store.blobs.check)  # a missing bucket stops the start, not a capture
         await run_in_threadpool(record_store.register_instance)
         housekeeping = Housekeeping(record_store, settings.server)
         await housekeeping.run_once()  # what a crashed predecessor left pending

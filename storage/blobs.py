@@ -23,6 +23,10 @@ class BlobCorrupted(Exception):
     """A blob's bytes no longer match the hash they were stored under."""
 
 
+class BlobStoreUnavailable(Exception):
+    """The store cannot be used as configured (a bucket that is not there, a folder that cannot be made)."""
+
+
 def is_blob_key(name: str) -> bool:
     return bool(_KEY.match(name))
 
@@ -39,6 +43,9 @@ class BlobStore(Protocol):
 
     def keys(self) -> Iterator[str]:
         """Every key held, in no particular order (for sweeps and audits; not a hot path)."""
+
+    def check(self) -> None:
+        """Raise BlobStoreUnavailable, saying why, unless the store can be used (once, at start)."""
 
 
 class DirectoryBlobStore:
@@ -105,6 +112,12 @@ class DirectoryBlobStore:
         if hashlib.sha256(data).hexdigest() != key:
             raise BlobCorrupted(key)
         return data
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BlobStoreUnavailable(f"blob folder {self.root}: {exc.strerror}") from exc
 
     def keys(self) -> Iterator[str]:
         if not self.root.is_dir():

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from storage.blobs import BlobCorrupted, is_blob_key
+from storage.blobs import BlobCorrupted, BlobStoreUnavailable, is_blob_key
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 # Every request thread may be inside a capture at once; botocore's default pool is 10.
@@ -49,6 +49,17 @@ class S3BlobStore:
             config=Config(max_pool_connections=MAX_CONNECTIONS, retries={"mode": "standard"}),
         )
         return cls(client, bucket, prefix)
+
+    def check(self) -> None:
+        where = f"bucket {self.bucket!r} at {self.client.meta.endpoint_url}"
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code"))
+            reason = {"404": "no such bucket", "403": "access denied"}.get(code, code)
+            raise BlobStoreUnavailable(f"{where}: {reason}") from exc
+        except BotoCoreError as exc:  # unreachable, no credentials...
+            raise BlobStoreUnavailable(f"{where}: {exc}") from exc
 
     def _name(self, key: str) -> str:
         if not is_blob_key(key):

@@ -144,7 +144,7 @@ def sqlite_url(tmp_path: Path) -> str:
 S3_CREDENTIALS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -155,7 +155,7 @@ def s3_endpoint() -> Iterator[str]:
     """A local S3-compatible server (moto's, in this process) for the S3 blob store."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"

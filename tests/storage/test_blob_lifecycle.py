@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from policies.transcript import artifact_id_for, message_path
-from storage.blobs import BlobStore, DirectoryBlobStore
+from storage.blobs import BlobStore, BlobStoreUnavailable, DirectoryBlobStore
 from storage.database import make_engine
 from storage.record_types import RunStart
 from storage.records import RecordStore
@@ -186,6 +186,7 @@ def test_a_conversation_deleted_while_another_adopts_its_nodes_loses_neither(sto
 
 def test_both_stores_keep_one_contract(any_blob_store: BlobStore) -> None:
     """What capture, reads and collection rely on, the same from a folder and from a bucket."""
+    any_blob_store.check()
     assert list(any_blob_store.keys()) == []
     data = b"large output\n" * 500
     key = any_blob_store.put(data)
@@ -205,3 +206,9 @@ def test_directory_keys_skip_writes_in_flight(tmp_path: Path) -> None:
     (tmp_path / key[:2] / ".tmp-abc").write_bytes(b"half written")
     (tmp_path / "notes.txt").write_text("not a blob")
     assert list(blobs.keys()) == [key]
+
+
+def test_a_blob_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file where the folder would go")
+    with pytest.raises(BlobStoreUnavailable, match="taken/blobs: Not a directory"):
+        DirectoryBlobStore(tmp_path / "taken" / "blobs").check()

@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from botocore.exceptions import ClientError
 
-from storage.blobs import BlobCorrupted
+from gateway.app import create_app
+from storage.blobs import BlobCorrupted, BlobStoreUnavailable
 from storage.s3_blobs import S3BlobStore
-from tests.conftest import OTHER_TENANT_KEY, S3_CREDENTIALS, RunningGateway, settings_for, start_gateway
+from tests.conftest import (
+    OTHER_TENANT_KEY, S3_CREDENTIALS, RunningGateway, free_port, settings_for, start_gateway,
+)
 from tests.fake_upstream import FakeUpstream
 from tests.gateway.test_deletion import BIG, conversation, send  # BIG: over the 1 KiB inline bound below
 
@@ -93,10 +97,25 @@ def test_keys_are_the_blobs_under_the_prefix_only(s3_blobs: S3BlobStore) -> None
     assert list(s3_blobs.keys()) == [key]
 
 
-def test_a_store_over_a_missing_bucket_fails_loudly(s3_endpoint: str) -> None:
+def test_a_store_over_a_missing_bucket_fails_loudly(s3_endpoint: str, s3_blobs: S3BlobStore) -> None:
+    s3_blobs.check()
     blobs = S3BlobStore.connect("no-such-bucket", endpoint_url=s3_endpoint, **S3_CREDENTIALS)
-    with pytest.raises(Exception, match="NoSuchBucket"):
+    with pytest.raises(BlobStoreUnavailable, match=f"bucket 'no-such-bucket' at {s3_endpoint}: no such bucket"):
+        blobs.check()
+    with pytest.raises(ClientError, match="NoSuchBucket"):
         blobs.put(b"lost?")
+    unreachable = S3BlobStore.connect("blobs", endpoint_url=f"http://127.0.0.1:{free_port()}", **S3_CREDENTIALS)
+    with pytest.raises(BlobStoreUnavailable, match="Could not connect"):
+        unreachable.check()
+
+
+async def test_the_gateway_does_not_start_without_its_bucket(fake: FakeUpstream, sqlite_url: str, tmp_path: Path,
+                                                              s3_endpoint: str) -> None:
+    blobs = {"backend": "s3", "bucket": "no-such-bucket", "endpoint_url": s3_endpoint, **S3_CREDENTIALS}
+    app = create_app(settings_for(fake.api_base, sqlite_url, tmp_path, storage={"url": sqlite_url, "blobs": blobs}))
+    with pytest.raises(BlobStoreUnavailable, match="no-such-bucket"):
+        async with app.router.lifespan_context(app):
+            pass
 
 
 @pytest.fixture
@@ -141,3 +160,17 @@ def test_a_tampered_object_is_reported_not_served(gateway: RunningGateway) -> No
         response = http.get(f"/api/artifacts/{record['captured_artifact_ids'][0]}")
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "artifact_corrupted"
+
+
+def test_a_bucket_gone_while_serving_fails_the_capture_and_forwards_nothing(gateway: RunningGateway) -> None:
+    blobs = gateway.store.blobs
+    blobs.client.delete_bucket(Bucket=blobs.bucket)
+    calls = len(gateway.fake.requests)
+    with gateway.client() as http:
+        response = http.post("/v1/chat/completions", json={"model": "fake", "messages": conversation("Build D.")})
+    assert response.status_code == 500 and response.json()["error"]["code"] == "internal_error"  # as a database down
+    assert len(gateway.fake.requests) == calls  # nothing went upstream without its durable capture
+    blobs.client.create_bucket(Bucket=blobs.bucket)
+    record = send(gateway, conversation("Build D."))
+    with gateway.client() as http:
+        assert http.get(f"/api/artifacts/{record['captured_artifact_ids'][0]}").content == BIG.encode()
