@@ -37,7 +37,7 @@ from gateway.upstream import UpstreamClient
 from gateway.upstream_tracing import TracedUpstream
 from gateway.wire.formats import error_response
 from policies.tokens import encoding
-from storage.blobs import DirectoryBlobStore
+from storage.blobs import BlobStore, DirectoryBlobStore
 from storage.database import make_engine
 from gateway.deployments import RoutedUpstream
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
@@ -49,9 +49,20 @@ if TYPE_CHECKING:
 
 
 
+def build_blob_store(settings: Settings) -> BlobStore:
+    blobs = settings.storage.blobs
+    if blobs.backend == "s3":
+        from storage.s3_blobs import S3BlobStore  # boto3 only where it is used
+
+        return S3BlobStore.connect(
+            blobs.bucket or "", prefix=blobs.prefix, endpoint_url=blobs.endpoint_url, region=blobs.region,
+            access_key_id=blobs.access_key_id, secret_access_key=blobs.secret_access_key)
+    return DirectoryBlobStore(settings.resolve_path(settings.storage.blob_folder))
+
+
 def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> RecordStore:
     engine = make_engine(settings.storage_url(), pool_size=settings.storage.pool_size)
-    blobs = DirectoryBlobStore(settings.resolve_path(settings.storage.blob_dir))
+    blobs = build_blob_store(settings)
     return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes, clock=clock)
 
 
@@ -98,6 +109,7 @@ def create_app(
         owned_store = store is None
         record_store = store or build_store(settings, clock)
         await run_in_threadpool(record_store.create_schema)
+        await run_in_threadpool(record_store.blobs.check)  # a missing bucket stops the start, not a capture
         await run_in_threadpool(record_store.register_instance)
         housekeeping = Housekeeping(record_store, settings.server)
         await housekeeping.run_once()  # what a crashed predecessor left pending

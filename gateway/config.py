@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gateway.deployment_params import refusal
 from policies.policy import Policy, PolicyError, policy_from_mapping
@@ -180,9 +180,45 @@ class TenantSettings(_Strict):
         return keys
 
 
+_S3_ONLY = ("bucket", "prefix", "endpoint_url", "region", "access_key_id", "secret_access_key")
+
+
+class BlobSettings(_Strict):
+    """Where blobs (artifacts over inline_max_bytes) live: a folder, or an S3-compatible bucket."""
+
+    backend: Literal["directory", "s3"] = "directory"
+    dir: str | None = Field(None, validate_default=True)  # directory: ./blobs unless given
+    bucket: str | None = Field(None, validate_default=True)  # s3: required
+    prefix: str = ""  # s3: objects are named <prefix>/<sha256>
+    endpoint_url: str | None = None  # s3: MinIO, Ceph, R2...; none: AWS
+    region: str | None = None
+    # s3: both or neither (then boto3's usual chain: environment, shared files, instance role).
+    access_key_id: str | None = None
+    secret_access_key: str | None = Field(None, validate_default=True)
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_for_directory(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("backend") == "s3":
+            raise ValueError("only for backend: directory")
+        return value
+
+    @field_validator(*_S3_ONLY)
+    @classmethod
+    def _s3_fields_for_s3(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.data.get("backend") == "directory" and value not in (None, ""):
+            raise ValueError("only for backend: s3")
+        if info.field_name == "bucket" and info.data.get("backend") == "s3" and not value:
+            raise ValueError("required for backend: s3")
+        if info.field_name == "secret_access_key" and (value is None) != (info.data.get("access_key_id") is None):
+            raise ValueError("give access_key_id and secret_access_key together, or neither")
+        return value
+
+
 class StorageSettings(_Strict):
     url: str = "sqlite:///./gateway.db"
-    blob_dir: str = "./blobs"
+    blob_dir: str | None = None  # the same as blobs.dir (kept for configs written before storage.blobs)
+    blobs: BlobSettings = Field(BlobSettings(), validate_default=False)
     inline_max_bytes: int = Field(64 * 1024, ge=0)
     # PostgreSQL connections per process (and as many again in overflow): every request holds one
     # while it captures and once more while its outcome is written, from the worker-thread pool.
@@ -194,6 +230,18 @@ class StorageSettings(_Strict):
         if not (url.startswith("sqlite:///") or url.startswith("postgresql")):
             raise ValueError("use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB")
         return url
+
+    @field_validator("blobs")
+    @classmethod
+    def _one_blob_folder(cls, blobs: BlobSettings, info: ValidationInfo) -> BlobSettings:
+        if info.data.get("blob_dir") is not None:
+            raise ValueError("give storage.blob_dir or storage.blobs, not both")
+        return blobs
+
+    @property
+    def blob_folder(self) -> str:
+        """The directory backend's folder (relative to the config file)."""
+        return self.blob_dir or self.blobs.dir or "./blobs"
 
 
 class DashboardSettings(_Strict):

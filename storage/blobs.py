@@ -1,14 +1,51 @@
-"""Content-addressed blob store for large artifacts (a directory by default)."""
+"""Content-addressed blob stores for large artifacts: a directory (the default) or S3 (storage/s3_blobs.py).
+
+Both keep the same contract. A store holds bytes under the sha256 of those bytes
+and knows nothing of what they mean (an encrypted envelope is bytes like any
+other). `put` is idempotent and trusts an existing blob only after checking it;
+`get` checks the hash and raises BlobCorrupted, or FileNotFoundError for a key it
+does not hold; `delete` is called only by blob collection (storage/deletion.py),
+which decides under the registry row's lock that nothing relies on the blob.
+"""
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
+from typing import Iterator, Protocol
+
+_KEY = re.compile(r"^[0-9a-f]{64}$")
 
 
 class BlobCorrupted(Exception):
     """A blob's bytes no longer match the hash they were stored under."""
+
+
+class BlobStoreUnavailable(Exception):
+    """The store cannot be used as configured (a bucket that is not there, a folder that cannot be made)."""
+
+
+def is_blob_key(name: str) -> bool:
+    return bool(_KEY.match(name))
+
+
+class BlobStore(Protocol):
+    def put(self, data: bytes) -> str:
+        """Store `data`; its key (the sha256 hex digest), once it is durable."""
+
+    def get(self, key: str) -> bytes:
+        """The bytes under `key`, checked against it."""
+
+    def delete(self, key: str) -> int:
+        """Remove a blob; 1 if it was there, 0 if not."""
+
+    def keys(self) -> Iterator[str]:
+        """Every key held, in no particular order (for sweeps and audits; not a hot path)."""
+
+    def check(self) -> None:
+        """Raise BlobStoreUnavailable, saying why, unless the store can be used (once, at start)."""
 
 
 class DirectoryBlobStore:
@@ -25,7 +62,7 @@ class DirectoryBlobStore:
         self.root = Path(root)
 
     def _path(self, key: str) -> Path:
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        if not is_blob_key(key):
             raise ValueError(f"not a blob key: {key!r}")
         return self.root / key[:2] / key
 
@@ -75,3 +112,18 @@ class DirectoryBlobStore:
         if hashlib.sha256(data).hexdigest() != key:
             raise BlobCorrupted(key)
         return data
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BlobStoreUnavailable(f"blob folder {self.root}: {exc.strerror}") from exc
+
+    def keys(self) -> Iterator[str]:
+        if not self.root.is_dir():
+            return
+        for folder in self.root.iterdir():
+            if folder.is_dir() and len(folder.name) == 2:
+                for file in folder.iterdir():  # skips the .tmp- files of writes in flight
+                    if is_blob_key(file.name) and file.name.startswith(folder.name):
+                        yield file.name

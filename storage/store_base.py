@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from storage.blobs import DirectoryBlobStore
+from storage.blobs import BlobStore
 from storage.schema import Base
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
@@ -21,7 +21,7 @@ class StoreBase:
     def __init__(
         self,
         engine: Engine,
-        blobs: DirectoryBlobStore,
+        blobs: BlobStore,
         *,
         inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
         clock: Callable[[], float] = time.time,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,10 @@ use_bundled_encodings()
 
 from gateway.app import create_app  # noqa: E402
 from gateway.config import Settings, parse_settings  # noqa: E402
-from storage.blobs import DirectoryBlobStore  # noqa: E402
+from storage.blobs import BlobStore, DirectoryBlobStore  # noqa: E402
 from storage.database import make_engine  # noqa: E402
 from storage.records import RecordStore  # noqa: E402
+from storage.s3_blobs import S3BlobStore  # noqa: E402
 from tests.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,6 +139,48 @@ def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'gateway.db'}"
+
+
+S3_CREDENTIALS = {"region": "us-east-1", "access_key_id": "testing", "secret_access_key": "testing"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A local S3-compatible server (moto's, in this process) for the S3 blob store."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A new, empty bucket on the local S3 server."""
+    name = f"blobs-{uuid.uuid4().hex[:16]}"
+    S3BlobStore.connect(name, endpoint_url=s3_endpoint, **S3_CREDENTIALS).client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def s3_blobs(s3_endpoint: str, s3_bucket: str) -> S3BlobStore:
+    return S3BlobStore.connect(s3_bucket, prefix="gw/blobs", endpoint_url=s3_endpoint, **S3_CREDENTIALS)
+
+
+@pytest.fixture(params=["directory", "s3"])
+def any_blob_store(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    """The test runs over each blob store."""
+    if request.param == "directory":
+        return DirectoryBlobStore(tmp_path / "blobs")
+    return request.getfixturevalue("s3_blobs")
 
 
 def make_store(url: str, blob_dir: Path, inline_max_bytes: int = 64 * 1024) -> RecordStore:

@@ -36,6 +36,18 @@ def test_issue_shape_loads_with_env_reference(tmp_path: Path, monkeypatch: pytes
     assert settings.storage_url() == f"sqlite:///{tmp_path}/gateway.db"
 
 
+def test_blob_store_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UPSTREAM_KEY", "x")
+    monkeypatch.setenv("S3_SECRET", "secret-from-env")
+    assert load_settings(write(tmp_path, GOOD)).storage.blob_folder == "./blobs"
+    assert load_settings(write(tmp_path, {**GOOD, "storage": {"blob_dir": "./old"}})).storage.blob_folder == "./old"
+    settings = load_settings(write(tmp_path, {**GOOD, "storage": {"blobs": {"dir": "./new"}}}))
+    assert settings.storage.blob_folder == "./new"
+    s3 = {"backend": "s3", "bucket": "b", "access_key_id": "AK", "secret_access_key": "os.environ/S3_SECRET"}
+    blobs = load_settings(write(tmp_path, {**GOOD, "storage": {"blobs": s3}})).storage.blobs
+    assert blobs.backend == "s3" and blobs.secret_access_key == "secret-from-env"
+
+
 def test_example_config_is_valid() -> None:
     settings = load_settings(REPO / "config.example.yaml")
     assert settings.model("demo") is not None
@@ -55,6 +67,16 @@ def test_example_config_is_valid() -> None:
     (lambda c: c.update(server={"prot": 1}), "server.prot", "did you mean 'port'?"),
     (lambda c: c.pop("models"), "models", "required"),
     (lambda c: c["tenants"][0].update(models=["gpt-9"]), "tenants", "unknown model"),
+    (lambda c: c["storage"].update(blobs={"backend": "s3"}), "storage.blobs.bucket", "required for backend: s3"),
+    (lambda c: c["storage"].update(blobs={"backend": "gcs"}), "storage.blobs.backend", "'directory' or 's3'"),
+    (lambda c: c["storage"].update(blobs={"bucket": "b"}), "storage.blobs.bucket", "only for backend: s3"),
+    (lambda c: c["storage"].update(blobs={"backend": "s3", "bucket": "b", "dir": "./b"}), "storage.blobs.dir",
+     "only for backend: directory"),
+    (lambda c: c["storage"].update(blobs={"backend": "s3", "bucket": "b", "access_key_id": "AK"}),
+     "storage.blobs.secret_access_key", "together, or neither"),
+    (lambda c: c["storage"].update(blob_dir="./a", blobs={"dir": "./b"}), "storage.blobs", "not both"),
+    (lambda c: c["storage"].update(blobs={"backend": "s3", "buckit": "b"}), "storage.blobs.buckit",
+     "did you mean 'bucket'?"),
 ])
 def test_bad_config_names_file_and_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutate, field, words) -> None:
     monkeypatch.setenv("UPSTREAM_KEY", "x")

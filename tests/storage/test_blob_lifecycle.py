@@ -1,4 +1,4 @@
-"""Blob files are shared by content across tenants: no delete may take one a capture relies on.
+"""Blobs are shared by content across tenants: no delete may take one a capture relies on (each store in turn).
 
 The race of issue 8: tenant A deletes a conversation whose large artifact has
 content X while tenant B captures the same X. Before the blob registry, B's
@@ -7,6 +7,7 @@ commit, and B's artifact answered `artifact_corrupted`.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 import uuid
@@ -16,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from policies.transcript import artifact_id_for, message_path
-from storage.blobs import DirectoryBlobStore
+from storage.blobs import BlobStore, BlobStoreUnavailable, DirectoryBlobStore
 from storage.database import make_engine
 from storage.record_types import RunStart
 from storage.records import RecordStore
@@ -36,26 +37,36 @@ def run(tenant: str, label: str | None = None) -> RunStart:
                     upstream_model="openai/fake", stream=False, session_label=label)
 
 
-class PausingBlobs(DirectoryBlobStore):
-    """Stops inside `put`, after the file is in place and before the capture commits."""
+class PausingBlobs:
+    """A blob store (each kind in turn) that stops inside `put`, after the blob is in place and
+    before the capture commits."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, inner: BlobStore) -> None:
+        self.inner = inner
         self.pause = False
         self.inside = threading.Event()
         self.go_on = threading.Event()
 
     def put(self, data: bytes) -> str:
-        key = super().put(data)
+        key = self.inner.put(data)
         if self.pause:
             self.inside.set()
             assert self.go_on.wait(30)
         return key
 
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def delete(self, key: str) -> int:
+        return self.inner.delete(key)
+
+    def keys(self) -> Iterator[str]:
+        return self.inner.keys()
+
 
 @pytest.fixture
-def store(storage_url: str, tmp_path: Path) -> Iterator[RecordStore]:
-    store = RecordStore(make_engine(storage_url), PausingBlobs(tmp_path / "blobs"), inline_max_bytes=1024)
+def store(storage_url: str, any_blob_store: BlobStore) -> Iterator[RecordStore]:
+    store = RecordStore(make_engine(storage_url), PausingBlobs(any_blob_store), inline_max_bytes=1024)
     store.create_schema()
     yield store
     store.engine.dispose()
@@ -113,7 +124,7 @@ def test_deletes_racing_captures_of_the_same_content_lose_no_artifact(store: Rec
         except Exception:
             lost.append(i)
         store.delete_conversation("globex", f"g-{i}")  # and the file goes with the last artifact naming it
-        assert not any(p.is_file() and not p.name.startswith(".") for p in store.blobs.root.rglob("*")), i
+        assert list(store.blobs.keys()) == [], i
     assert lost == []
 
 
@@ -171,3 +182,33 @@ def test_a_conversation_deleted_while_another_adopts_its_nodes_loses_neither(sto
     record = store.get_artifact(artifact_id_for(theirs[2].id), "acme")
     assert record is not None and store.artifact_bytes(record) == content.encode()
     assert store.delete_conversation("acme", "d")["message_nodes"] == 5  # all of d's path was d's alone
+
+
+def test_both_stores_keep_one_contract(any_blob_store: BlobStore) -> None:
+    """What capture, reads and collection rely on, the same from a folder and from a bucket."""
+    any_blob_store.check()
+    assert list(any_blob_store.keys()) == []
+    data = b"large output\n" * 500
+    key = any_blob_store.put(data)
+    assert key == hashlib.sha256(data).hexdigest() and any_blob_store.put(data) == key
+    assert any_blob_store.get(key) == data and list(any_blob_store.keys()) == [key]
+    assert any_blob_store.delete(key) == 1 and any_blob_store.delete(key) == 0
+    with pytest.raises(FileNotFoundError):
+        any_blob_store.get(key)
+    with pytest.raises(ValueError):
+        any_blob_store.get("../" + key[3:])
+    assert list(any_blob_store.keys()) == []
+
+
+def test_directory_keys_skip_writes_in_flight(tmp_path: Path) -> None:
+    blobs = DirectoryBlobStore(tmp_path)
+    key = blobs.put(b"kept")
+    (tmp_path / key[:2] / ".tmp-abc").write_bytes(b"half written")
+    (tmp_path / "notes.txt").write_text("not a blob")
+    assert list(blobs.keys()) == [key]
+
+
+def test_a_blob_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("a file where the folder would go")
+    with pytest.raises(BlobStoreUnavailable, match="taken/blobs: Not a directory"):
+        DirectoryBlobStore(tmp_path / "taken" / "blobs").check()
