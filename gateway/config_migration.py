@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from gateway.config import ENV_PREFIX, ConfigError
+from gateway.deployment_params import refusal
 
 # The gateway's `router:` fields; LiteLLM's router_settings use the same names.
 ROUTER_FIELDS = ("routing_strategy", "num_retries", "retry_after", "timeout", "allowed_fails", "cooldown_time",
@@ -114,7 +115,14 @@ def _models(entries: list[Any], notes: list[str]) -> list[dict[str, Any]]:
             notes.append(f"{where} ({entry['model_name']}): skipped: no litellm_params.model")
             continue
         # os.environ/NAME values stay references: this gateway's loader reads them the same way.
-        carried = dict(params)
+        carried = {}
+        for key, value in params.items():
+            problem = refusal(str(key))
+            if problem:  # a key this gateway would refuse to load: left out, with the reason
+                notes.append(f"{where} ({entry['model_name']}).litellm_params.{key}: not carried "
+                             f"({problem.split(': ', 1)[-1]})")
+            else:
+                carried[key] = value
         info = entry.get("model_info") if isinstance(entry.get("model_info"), dict) else {}
         for key in _PRICE_KEYS:
             if key in info and key not in carried:
@@ -142,6 +150,11 @@ def _router(router_settings: dict[str, Any], litellm_settings: dict[str, Any], n
                              f"is used instead (LiteLLM's Router prefers its own setting too)")
         elif field in from_litellm:
             router[field] = from_litellm[field][1]
+    strategy = router.get("routing_strategy")
+    if strategy is not None and strategy != "simple-shuffle":
+        del router["routing_strategy"]
+        notes.append(f"router_settings.routing_strategy ({strategy}): not carried (this gateway serves "
+                     "simple-shuffle: weights, rpm/tpm as weights, order; per-deployment rpm/tpm are enforced)")
     for key in router_settings:
         if key not in ROUTER_FIELDS:
             reason = _WHY_NOT.get(f"router_settings.{key}", _NO_EQUIVALENT)
@@ -161,7 +174,22 @@ def _check_fallback_names(router: dict[str, Any], names: set[str], notes: list[s
                  for model, targets in rule.items()
                  for n in [model, *(targets if isinstance(targets, list) else [targets])]]
         for name in sorted(set(named) - names):
-            notes.append(f"router.{field} names {name!r}, which no model entry has: add it or remove the rule")
+            notes.append(f"router.{field} names {name!r}, which no model entry has: left out (the gateway "
+                         "refuses a fallback to a model it does not serve)")
+        kept = []
+        for rule in rules:
+            if not isinstance(rule, dict):
+                continue
+            rule = {str(model): [str(t) for t in (targets if isinstance(targets, list) else [targets])
+                                 if str(t) in names]
+                    for model, targets in rule.items() if str(model) in names}
+            rule = {model: targets for model, targets in rule.items() if targets}
+            if rule:
+                kept.append(rule)
+        if kept:
+            router[field] = kept
+        else:
+            del router[field]
 
 
 def _general(general: dict[str, Any], notes: list[str]) -> dict[str, Any]:
