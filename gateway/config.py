@@ -123,9 +123,10 @@ class RouterSettings(_Strict):
     `cooldown_time` seconds.
     """
 
-    # LiteLLM's weighted shuffle (weight, else rpm/tpm as weights; lowest `order` first). Its other
-    # strategies learn from calls the Router makes itself, and the gateway makes its own.
-    routing_strategy: str = "simple-shuffle"
+    # LiteLLM's strategies: simple-shuffle (weight, else rpm/tpm as weights), least-busy, latency-based,
+    # usage-based (tokens this minute), cost-based; always the lowest `order` first (gateway/deployments.py).
+    routing_strategy: Literal["simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing",
+                              "usage-based-routing-v2", "cost-based-routing"] = "simple-shuffle"
     num_retries: int = Field(2, ge=0, le=10)
     retry_after: float = Field(0.0, ge=0)  # seconds to wait at least before retrying the same deployment
     timeout: float | None = Field(None, gt=0)  # per call; default server.upstream_timeout_seconds
@@ -133,14 +134,6 @@ class RouterSettings(_Strict):
     cooldown_time: float = Field(60.0, ge=0)
     fallbacks: list[dict[str, list[str]]] = Field(default_factory=list)
     context_window_fallbacks: list[dict[str, list[str]]] = Field(default_factory=list)
-
-    @field_validator("routing_strategy")
-    @classmethod
-    def _served_strategy(cls, value: str) -> str:
-        if value != "simple-shuffle":
-            raise ValueError(f"routing strategy {value!r} is not served; use 'simple-shuffle' (weights, rpm/tpm, "
-                             "order), with per-deployment rpm/tpm limits")
-        return value
 
     def fallbacks_for(self, name: str, context_window: bool = False) -> list[str]:
         for entry in self.context_window_fallbacks if context_window else self.fallbacks:

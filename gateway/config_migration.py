@@ -7,11 +7,11 @@ operator reads one list instead of diffing two formats.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
-from gateway.config import ENV_PREFIX, ConfigError
+from gateway.config import ENV_PREFIX, ConfigError, RouterSettings
 from gateway.deployment_params import refusal
 
 # The gateway's `router:` fields; LiteLLM's router_settings use the same names.
@@ -151,10 +151,10 @@ def _router(router_settings: dict[str, Any], litellm_settings: dict[str, Any], n
         elif field in from_litellm:
             router[field] = from_litellm[field][1]
     strategy = router.get("routing_strategy")
-    if strategy is not None and strategy != "simple-shuffle":
+    served = get_args(RouterSettings.model_fields["routing_strategy"].annotation)
+    if strategy is not None and strategy not in served:
         del router["routing_strategy"]
-        notes.append(f"router_settings.routing_strategy ({strategy}): not carried (this gateway serves "
-                     "simple-shuffle: weights, rpm/tpm as weights, order; per-deployment rpm/tpm are enforced)")
+        notes.append(f"router_settings.routing_strategy ({strategy}): not carried (served: {', '.join(served)})")
     for key in router_settings:
         if key not in ROUTER_FIELDS:
             reason = _WHY_NOT.get(f"router_settings.{key}", _NO_EQUIVALENT)

@@ -23,8 +23,9 @@ A stream that fails after its first event is reported to the client, never retri
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from gateway.config import ModelSettings, Settings
@@ -88,12 +89,36 @@ def _provider_wait(error: UpstreamError) -> float | None:
         return None
 
 
+_UNLIMITED = 2 ** 62
+_LATENCY_WEIGHT = 0.3  # of the newest answer in the moving average
+
+
+@dataclass
+class Observed:
+    """What this process saw of each deployment: calls in flight, and a moving average of answer latency."""
+
+    in_flight: dict[str, int] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+
+    def began(self, deployment_id: str) -> None:
+        self.in_flight[deployment_id] = self.in_flight.get(deployment_id, 0) + 1
+
+    def ended(self, deployment_id: str) -> None:
+        self.in_flight[deployment_id] = max(0, self.in_flight.get(deployment_id, 0) - 1)
+
+    def answered(self, deployment_id: str, latency_ms: float) -> None:
+        before = self.latency_ms.get(deployment_id)
+        self.latency_ms[deployment_id] = latency_ms if before is None else (
+            _LATENCY_WEIGHT * latency_ms + (1 - _LATENCY_WEIGHT) * before)
+
+
 class RoutedUpstream:
     """An `UpstreamClient` that routes each call over the requested model's deployments."""
 
     def __init__(self, inner: UpstreamClient, settings: Settings, limiter: RateLimiter | None,
                  picker_factory: Callable[[Settings], Picker | None] | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 observed: "Observed | None" = None) -> None:
         self.inner = inner
         self.settings = settings
         self._limiter = limiter
@@ -101,10 +126,13 @@ class RoutedUpstream:
         self._picker_factory = picker_factory or default_picker
         self._picker = self._picker_factory(settings)
         self._deployments: dict[str, list[Deployment]] = {}
+        self.strategy = settings.router.routing_strategy
+        self.observed = observed or Observed()  # kept across reloads
 
     def with_settings(self, settings: Settings) -> "RoutedUpstream":
         """The same client routing by a reloaded config (cooldowns start afresh)."""
-        return RoutedUpstream(self.inner, settings, self._limiter, self._picker_factory, self._sleep)
+        return RoutedUpstream(self.inner, settings, self._limiter, self._picker_factory, self._sleep,
+                              self.observed)
 
     # The UpstreamClient interface: each call routed.
     async def warm_up(self) -> None:
@@ -179,13 +207,14 @@ class RoutedUpstream:
                 await _close(events)
                 await plan.failed(error, started)
                 continue
-            plan.answered(started)
+            plan.answered(started, still_open=True)
             break
         try:
             yield first
             async for event in events:
                 yield event
         finally:
+            plan.closed()
             await _close(events)
 
     async def _pick(self, name: str, candidates: list[Deployment], tried: set[str],
@@ -203,7 +232,9 @@ class RoutedUpstream:
             cooling = await self._picker.cooling(name)
             fresh = [d for d in usable if d.id not in tried and d.id not in cooling]
             chosen = None
-            for _ in range(4):  # the Router's strategy (weights, order) among what is not cooling down
+            if self.strategy != "simple-shuffle" and fresh:
+                chosen = await self._ranked(fresh)
+            for _ in range(4 if chosen is None else 0):  # the Router's shuffle (weights, order), not cooling
                 picked = await self._picker.pick(name)
                 if picked is not None and by_id.get(picked) in fresh:
                     chosen = by_id[picked]
@@ -216,9 +247,37 @@ class RoutedUpstream:
         await self._within_limits(chosen, tokens, count=True)
         return chosen
 
+    async def _ranked(self, fresh: list[Deployment]) -> Deployment:
+        """The best of `fresh` (lowest `order` first) by the strategy, ties broken at random.
+
+        LiteLLM's Router learns these from the calls it makes itself; the gateway makes its own, so
+        it keeps the same measures: calls in flight in this process (least-busy), the recent average
+        latency of answers (latency-based; a deployment not yet measured is tried first), tokens this
+        minute in the shared rate counter (usage-based), and the price per token (cost-based)."""
+        lowest = min(d.entry.litellm_params.get("order", 0) for d in fresh)
+        first = [d for d in fresh if d.entry.litellm_params.get("order", 0) == lowest]
+        scores = {d.id: await self._score(d) for d in first}
+        best = min(scores.values())
+        return random.choice([d for d in first if scores[d.id] == best])
+
+    async def _score(self, deployment: Deployment) -> float:
+        if self.strategy == "least-busy":
+            return float(self.observed.in_flight.get(deployment.id, 0))
+        if self.strategy == "latency-based-routing":
+            return self.observed.latency_ms.get(deployment.id, 0.0)
+        if self.strategy.startswith("usage-based-routing"):
+            if self._limiter is None:
+                return 0.0
+            verdict = await self._limiter.hit(f"deployment:{deployment.id}:tokens", 0, _UNLIMITED)
+            return float(_UNLIMITED - verdict.remaining)
+        prices = self.prices(deployment.entry.litellm_params)  # cost-based-routing
+        return prices.input + prices.output if prices is not None else float("inf")
+
     async def _within_limits(self, deployment: Deployment, tokens: int, *, count: bool) -> bool:
         """Whether the deployment is under its rpm and tpm this minute (`count`: and count this call)."""
         params = deployment.entry.litellm_params
+        if count and self._limiter is not None and self.strategy.startswith("usage-based-routing"):
+            await self._limiter.hit(f"deployment:{deployment.id}:tokens", tokens, _UNLIMITED)
         if self._limiter is None or ("rpm" not in params and "tpm" not in params):
             return True
         for kind, limit, amount in (("rpm", params.get("rpm"), 1), ("tpm", params.get("tpm"), tokens)):
@@ -271,6 +330,7 @@ class _Plan:
                     self.tries_left -= 1
                     self.tried.add(deployment.id)
                     self.current = deployment
+                    self.router.observed.began(deployment.id)
                     return self._routed(name, deployment)
                 if self.error is None:
                     self.error = RateLimitExceeded(
@@ -322,14 +382,24 @@ class _Plan:
             http_status=status, latency_ms=round((time.perf_counter() - started) * 1000, 3),
             prices=self.router.prices(deployment.entry.litellm_params)))
 
-    def answered(self, started: float) -> None:
+    def answered(self, started: float, still_open: bool = False) -> None:
+        """The try answered (a stream: its first event; `closed` follows when it ends)."""
         self._attempt(started, "ok", 200)
+        assert self.current is not None
+        self.router.observed.answered(self.current.id, (time.perf_counter() - started) * 1000)
+        if not still_open:
+            self.router.observed.ended(self.current.id)
+
+    def closed(self) -> None:
+        if self.current is not None:
+            self.router.observed.ended(self.current.id)
 
     async def failed(self, error: UpstreamError, started: float) -> None:
         """Record the failure; raise it when it is not worth another try here or elsewhere."""
         self._attempt(started, error.code or error.error_type, error.status_code)
         deployment = self.current
         assert deployment is not None
+        self.router.observed.ended(deployment.id)
         picker = self.router._picker
         if picker is not None and _deployment_fault(error) and len(self.router.deployments(self.names[0])) > 1:
             picker.failed(deployment.id, error)

@@ -131,9 +131,9 @@ def test_realistic_litellm_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert all(set(m) == {"name", "litellm_params"} for m in config["models"])
 
     # router_settings win over litellm_settings where both say; the rest comes from litellm_settings.
-    # A strategy the gateway does not serve and a fallback to a model it does not have are left out.
+    # A fallback to a model the config does not have is left out.
     assert config["router"] == {
-        "num_retries": 3, "timeout": 120, "cooldown_time": 30,
+        "routing_strategy": "usage-based-routing-v2", "num_retries": 3, "timeout": 120, "cooldown_time": 30,
         "fallbacks": [{"gpt-4o": ["claude-sonnet"]}],
         "context_window_fallbacks": [{"llama-local": ["gpt-4o"]}]}
     assert config["tenants"] == [{"id": "default", "api_keys": ["os.environ/GATEWAY_API_KEY"], "policy": "default"}]
@@ -152,16 +152,15 @@ def test_realistic_litellm_config(tmp_path: Path, capsys: pytest.CaptureFixture[
                 "general_settings.alerting: not carried", "general_settings.store_model_in_db: not carried",
                 "environment_variables (LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY): not carried",
                 "mcp_servers: not carried", "router.context_window_fallbacks names 'gpt-4o-long', which no model",
-                "router_settings.routing_strategy (usage-based-routing-v2): not carried",
                 "tenants: LiteLLM keeps its virtual keys in its database", "admin_keys: LiteLLM's master_key"]:
         assert sum(note.startswith(key) for note in notes) == 1, (key, notes)
     assert any("GATEWAY_API_KEY" in note for note in notes)
     # one line per key left behind, and the values of the environment never printed
-    assert len(notes) == 21, notes
+    assert len(notes) == 20, notes
     assert "secret-value" not in stderr and "secret-value" not in text
     # the notes travel with the file, as comments above the config
     assert all(f"#   - {note}" in text for note in notes)
-    assert f"wrote {out_file} (4 model entries, 21 notes)" in stderr
+    assert f"wrote {out_file} (4 model entries, 20 notes)" in stderr
 
 
 def test_output_without_deployments_or_router_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,11 +241,13 @@ def test_the_converted_realistic_config_loads_with_its_deployments_and_router(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Deployments, router settings and fallbacks as converted are what the gateway serves."""
     source = tmp_path / "litellm.yaml"
-    source.write_text(LITELLM_CONFIG.replace("      rpm: 600", "      rpm: 600\n      max_budget: 100"))
+    source.write_text(LITELLM_CONFIG.replace("      rpm: 600", "      rpm: 600\n      max_budget: 100")
+                      .replace("usage-based-routing-v2", "provider-budget-routing"))
     out_file = tmp_path / "gateway.yaml"
     code, _, stderr = run_cli(capsys, str(source), "-o", str(out_file))
     assert code == 0
     assert "litellm_params.max_budget: not carried (budgets are set per tenant" in stderr
+    assert "router_settings.routing_strategy (provider-budget-routing): not carried (served: " in stderr
     for name in ("AZURE_API_BASE_EU", "AZURE_API_KEY_EU", "OPENAI_API_KEY", "ANTHROPIC_API_KEY",
                  "LITELLM_MASTER_KEY", "GATEWAY_API_KEY"):
         monkeypatch.setenv(name, f"value-of-{name.lower()}")

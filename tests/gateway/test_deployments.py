@@ -291,3 +291,72 @@ def test_every_accepted_key_is_one_litellm_or_the_gateway_reads() -> None:
     assert unknown == []
     for name in accepted_names():
         assert refusal(name) is None
+
+
+# The other routing strategies, measured by the gateway itself.
+
+@pytest.fixture
+def strategy_gateway(fake: FakeUpstream, other: FakeUpstream, sqlite_url: str, tmp_path: Path,
+                     request: pytest.FixtureRequest) -> Iterator[RunningGateway]:
+    strategy, a_params, b_params = request.param
+    settings = settings_for(fake.api_base, sqlite_url, tmp_path, models=[
+        _deployment("pair", fake, "model-a", **a_params), _deployment("pair", other, "model-b", **b_params)],
+        router={"routing_strategy": strategy})
+    running, server = start_gateway(settings, fake)
+    yield running
+    server.stop()
+
+
+def _deployments_of(gateway: RunningGateway, count: int) -> list[str]:
+    out = []
+    with gateway.client() as client:
+        for _ in range(count):
+            response = client.post("/v1/chat/completions", json={"model": "pair", "messages": USER})
+            assert response.status_code == 200
+            out.append(_run(gateway, response)["deployment"])
+    return out
+
+
+@pytest.mark.parametrize("strategy_gateway", [("latency-based-routing", {}, {})], indirect=True)
+def test_latency_based_routing_prefers_the_faster_deployment(strategy_gateway: RunningGateway,
+                                                             fake: FakeUpstream) -> None:
+    fake.state.default_delay = 0.4  # A answers slowly
+    try:
+        first_two = _deployments_of(strategy_gateway, 2)
+        assert sorted(first_two) == ["pair#1", "pair#2"]  # each measured once (unmeasured go first)
+        assert _deployments_of(strategy_gateway, 4) == ["pair#2"] * 4
+    finally:
+        fake.state.default_delay = 0.0
+
+
+@pytest.mark.parametrize("strategy_gateway", [
+    ("cost-based-routing", {"input_cost_per_token": 1e-5, "output_cost_per_token": 3e-5},
+     {"input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6})], indirect=True)
+def test_cost_based_routing_prefers_the_cheaper_deployment(strategy_gateway: RunningGateway) -> None:
+    assert _deployments_of(strategy_gateway, 4) == ["pair#2"] * 4
+
+
+@pytest.mark.parametrize("strategy_gateway", [("usage-based-routing-v2", {}, {})], indirect=True)
+def test_usage_based_routing_spreads_tokens(strategy_gateway: RunningGateway) -> None:
+    used = _deployments_of(strategy_gateway, 4)
+    assert used[0] != used[1] and used[2] != used[3]  # the less used one each time a count differs
+    assert sorted(used) == ["pair#1", "pair#1", "pair#2", "pair#2"]
+
+
+@pytest.mark.parametrize("strategy_gateway", [("least-busy", {}, {})], indirect=True)
+def test_least_busy_routing_passes_over_a_deployment_with_a_call_in_flight(
+        strategy_gateway: RunningGateway, fake: FakeUpstream, other: FakeUpstream) -> None:
+    for server in (fake, other):
+        server.script_message({"content": "one two three four five six"}, chunk_delay=0.3)
+    with strategy_gateway.client() as client:
+        with client.stream("POST", "/v1/chat/completions",
+                           json={"model": "pair", "messages": USER, "stream": True}) as streaming:
+            lines = streaming.iter_lines()
+            next(line for line in lines if line.startswith("data: "))  # the stream is open upstream
+            busy = streaming.headers["x-gateway-request-id"]
+            response = client.post("/v1/chat/completions", json={"model": "pair", "messages": USER})
+            assert response.status_code == 200
+            for _ in lines:
+                pass
+    busy_deployment = _run(strategy_gateway, streaming)["deployment"]
+    assert busy and _run(strategy_gateway, response)["deployment"] != busy_deployment
