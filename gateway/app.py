@@ -21,7 +21,7 @@ from gateway.auth import KeyRing, metrics_caller
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.encodings import use_bundled_encodings
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
 from gateway.housekeeping import Housekeeping
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
 from gateway.reload import Reloader
@@ -34,6 +34,7 @@ from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
+from storage.encryption import UnknownKey
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
 
@@ -42,7 +43,8 @@ from storage.records import RecordStore
 def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> RecordStore:
     engine = make_engine(settings.storage_url(), pool_size=settings.storage.pool_size)
     blobs = DirectoryBlobStore(settings.resolve_path(settings.storage.blob_dir))
-    return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes, clock=clock)
+    return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes, clock=clock,
+                       encryption=settings.storage.encryption_keys())
 
 
 def default_upstream(settings: Settings) -> UpstreamClient:
@@ -172,6 +174,12 @@ def create_app(
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
         metrics.observe_error(error.code or error.error_type)
         return error_response(request.url.path, error)
+
+    @app.exception_handler(UnknownKey)
+    async def key_error(request: Request, error: UnknownKey) -> JSONResponse:
+        gateway = key_unavailable("A stored record", error)
+        metrics.observe_error(gateway.code or gateway.error_type)
+        return error_response(request.url.path, gateway)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

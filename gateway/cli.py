@@ -1,4 +1,4 @@
-"""`gateway serve | check-config | replay`."""
+"""`gateway serve | check-config | replay | keys rotate`."""
 from __future__ import annotations
 
 import argparse
@@ -66,6 +66,22 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if total["protocol_violations"] or total["latest_round_lost"] or total["user_system_lost"] else 0
 
 
+def _rotate_keys(args: argparse.Namespace) -> int:
+    from gateway.app import build_store
+
+    settings = load_settings(args.config)
+    if settings.storage.encryption_key is None:
+        raise ConfigError(settings.source, "storage.encryption_key", "not set: there is no key to rotate to")
+    store = build_store(settings)
+    store.create_schema()
+    report = store.rotate_keys(batch=args.batch)
+    store.engine.dispose()
+    for problem in report.unreadable:
+        print(f"gateway: unreadable: {problem}", file=sys.stderr)
+    print(json.dumps({"key_id": store.encryption.current_id, **report.as_dict(), "unreadable": len(report.unreadable)}))
+    return 1 if report.unreadable else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Context gateway for tool-using agents")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--tenant", default="replay",
                         help="tenant the ids are derived for (use the gateway's to compare with it exactly)")
     replay.set_defaults(run=_replay)
+    keys = sub.add_parser("keys", help="encryption keys of the stored artifacts").add_subparsers(dest="keys_command",
+                                                                                              required=True)
+    rotate = keys.add_parser("rotate", help="re-seal everything stored under storage.encryption_key (safe while serving)")
+    rotate.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
+    rotate.add_argument("--batch", type=int, default=200, help="rows re-sealed per transaction (default 200)")
+    rotate.set_defaults(run=_rotate_keys)
     return parser
 
 
