@@ -7,6 +7,7 @@ commit, and B's artifact answered `artifact_corrupted`.
 """
 from __future__ import annotations
 
+import os
 import random
 import threading
 import uuid
@@ -18,6 +19,7 @@ import pytest
 from policies.transcript import artifact_id_for, message_path
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
+from storage.encryption import NO_ENCRYPTION, EncryptionKeys
 from storage.record_types import RunStart
 from storage.records import RecordStore
 
@@ -37,7 +39,8 @@ def run(tenant: str, label: str | None = None) -> RunStart:
 
 
 class PausingBlobs(DirectoryBlobStore):
-    """Stops inside `put`, after the file is in place and before the capture commits."""
+    """Stops inside `put` (or, with encryption on, the `read` that checks the file), after the file is
+    in place and before the capture commits."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
@@ -45,17 +48,28 @@ class PausingBlobs(DirectoryBlobStore):
         self.inside = threading.Event()
         self.go_on = threading.Event()
 
-    def put(self, data: bytes) -> str:
-        key = super().put(data)
+    def _stop_here(self) -> None:
         if self.pause:
             self.inside.set()
             assert self.go_on.wait(30)
+
+    def put(self, data: bytes) -> str:
+        key = super().put(data)
+        self._stop_here()
         return key
 
+    def read(self, key: str) -> bytes:
+        data = super().read(key)
+        self._stop_here()
+        return data
 
-@pytest.fixture
-def store(storage_url: str, tmp_path: Path) -> Iterator[RecordStore]:
-    store = RecordStore(make_engine(storage_url), PausingBlobs(tmp_path / "blobs"), inline_max_bytes=1024)
+
+@pytest.fixture(params=["clear", "encrypted"])
+def store(request: pytest.FixtureRequest, storage_url: str, tmp_path: Path) -> Iterator[RecordStore]:
+    """The store with blobs in the clear, and sealed (storage/sealed_blobs.py)."""
+    keys = EncryptionKeys(os.urandom(32)) if request.param == "encrypted" else NO_ENCRYPTION
+    store = RecordStore(make_engine(storage_url), PausingBlobs(tmp_path / "blobs"), inline_max_bytes=1024,
+                        encryption=keys)
     store.create_schema()
     yield store
     store.engine.dispose()
