@@ -34,7 +34,7 @@ from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import DirectoryBlobStore
 from storage.database import make_engine
-from storage.encryption import UnknownKey
+from storage.encryption import EnvelopeError, UnknownKey
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
 
@@ -175,9 +175,12 @@ def create_app(
         metrics.observe_error(error.code or error.error_type)
         return error_response(request.url.path, error)
 
-    @app.exception_handler(UnknownKey)
-    async def key_error(request: Request, error: UnknownKey) -> JSONResponse:
-        gateway = key_unavailable("A stored record", error)
+    @app.exception_handler(EnvelopeError)
+    async def sealed_record_error(request: Request, error: EnvelopeError) -> JSONResponse:
+        if isinstance(error, UnknownKey):
+            gateway = key_unavailable("A stored record", error)
+        else:
+            gateway = GatewayError("A stored record failed its integrity check.", code="record_corrupted")
         metrics.observe_error(gateway.code or gateway.error_type)
         return error_response(request.url.path, gateway)
 

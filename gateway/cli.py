@@ -82,6 +82,13 @@ def _rotate_keys(args: argparse.Namespace) -> int:
     return 1 if report.unreadable else 0
 
 
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Context gateway for tool-using agents")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                                               required=True)
     rotate = keys.add_parser("rotate", help="re-seal everything stored under storage.encryption_key (safe while serving)")
     rotate.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
-    rotate.add_argument("--batch", type=int, default=200, help="rows re-sealed per transaction (default 200)")
+    rotate.add_argument("--batch", type=_positive, default=200, help="rows re-sealed per transaction (default 200)")
     rotate.set_defaults(run=_rotate_keys)
     return parser
 

@@ -202,6 +202,16 @@ def test_no_plaintext_at_rest_exact_bytes_served_and_rotation(serving: Serving, 
     error = response.json()["error"]
     assert error["code"] == "encryption_key_unavailable" and key_id(KEYS["B"]) in error["message"]
     assert base64.b64encode(KEYS["B"]).decode() not in response.text
+    with gateway.client() as http:
+        response = http.get(f"/api/requests/{first['id']}/projection")  # its memory is sealed too
+    assert response.status_code == 500 and response.json()["error"]["code"] == "encryption_key_unavailable"
+    gateway.fake.reset()
+    gateway.fake.script_message(rehydrate(invoice_id, "gw_3"))
+    gateway.fake.script_message({"role": "assistant", "content": "cannot tell"})
+    refused = send(gateway, messages[:8])
+    assert "cannot be read" in gateway.fake.requests[1]["body"]["messages"][-1]["content"]
+    assert any(d["action"] == "rehydration_refused" and d["reason"] == "encryption_key_unavailable"
+               for d in refused["assembly"]["decisions"])
 
 
 @pytest.mark.parametrize(("storage", "field"), [

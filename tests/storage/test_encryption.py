@@ -1,9 +1,11 @@
 """Encryption at rest (issue 14): envelopes, sealed capture and reads, rotation, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -22,9 +24,9 @@ from storage.encryption import (
     key_id,
     sealed_key_id,
 )
-from storage.record_types import ArtifactCorrupted, RunStart
+from storage.record_types import ArtifactCorrupted, AssemblyRecord, RunOutcome, RunStart
 from storage.records import RecordStore
-from storage.schema import Blob, ToolArtifact
+from storage.schema import Blob, ContextAssembly, ToolArtifact
 
 KEY_A, KEY_B, KEY_C = os.urandom(32), os.urandom(32), os.urandom(32)
 MARKER = b"MARKER-7f3a9c-customer-secret"
@@ -231,3 +233,24 @@ def test_rotation_while_captures_run_breaks_no_record(stores) -> None:
         left = connection.scalar(text("SELECT count(*) FROM tool_artifacts WHERE content IS NOT NULL "
                                       "AND (key_id IS NULL OR key_id != :k)"), {"k": key_id(KEY_B)})
     assert left == 0
+
+
+def test_a_projection_stored_whole_before_0005_is_sealed_by_rotation(stores) -> None:
+    store = stores(None)
+    small, large = contents("old")
+    path = message_path("acme", conversation(small, large))
+    start = run()
+    store.ingest(path, start)
+    assembly = AssemblyRecord(policy_name="p", policy_version="1", assembler_version="1", tokens_original=1,
+                              tokens_forwarded=1, messages_original=4, messages_forwarded=4, boundary_round=0,
+                              epoch_round=0, decisions=[], omissions={}, timings_ms={})
+    store.finish_run(start.request_id, RunOutcome(status="ok", latency_ms=1.0), assembly)
+    projection = [{"role": "tool", "tool_call_id": "c1", "content": small}]
+    with store.engine.begin() as connection:  # as revision 0004 stored projections
+        connection.execute(update(ContextAssembly).values(forwarded_zlib=zlib.compress(json.dumps(projection).encode())))
+    sealed = stores(KEY_A)
+    assert sealed.rotate_keys().resealed["context_assemblies"] == 1
+    with sealed.engine.connect() as connection:
+        stored, stored_key = connection.execute(select(ContextAssembly.forwarded_zlib, ContextAssembly.key_id)).one()
+    assert stored.startswith(MAGIC) and stored_key == key_id(KEY_A)
+    assert sealed.forwarded_messages(start.request_id, "acme") == projection
