@@ -36,9 +36,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.path)
+    encryption = settings.storage.encryption_keys().current_id
     print(
         f"{args.path}: ok ({len(settings.models)} models, {len(settings.tenants)} tenants, "
-        f"storage {settings.storage_url().split('://')[0]})"
+        f"storage {settings.storage_url().split('://')[0]}"
+        + (f", encrypted at rest under key {encryption})" if encryption else ")")
     )
     return 0
 
