@@ -22,7 +22,7 @@ from gateway.budgets import Budgets
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.encodings import use_bundled_encodings
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
 from gateway.housekeeping import Housekeeping
 from gateway.key_cache import DatabaseKeys
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
@@ -40,6 +40,7 @@ from policies.tokens import encoding
 from storage.blobs import BlobStore, DirectoryBlobStore
 from storage.database import make_engine
 from gateway.deployments import RoutedUpstream
+from storage.encryption import EnvelopeError, UnknownKey
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
 from storage.spend import MemorySpendCounters, RedisSpendCounters, SpendCounters
@@ -63,7 +64,8 @@ def build_blob_store(settings: Settings) -> BlobStore:
 def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> RecordStore:
     engine = make_engine(settings.storage_url(), pool_size=settings.storage.pool_size)
     blobs = build_blob_store(settings)
-    return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes, clock=clock)
+    return RecordStore(engine, blobs, inline_max_bytes=settings.storage.inline_max_bytes, clock=clock,
+                       encryption=settings.storage.encryption_keys())
 
 
 def default_upstream(settings: Settings) -> UpstreamClient:
@@ -211,6 +213,15 @@ def create_app(
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
         metrics.observe_error(error.code or error.error_type)
         return error_response(request.url.path, error)
+
+    @app.exception_handler(EnvelopeError)
+    async def sealed_record_error(request: Request, error: EnvelopeError) -> JSONResponse:
+        if isinstance(error, UnknownKey):
+            gateway = key_unavailable("A stored record", error)
+        else:
+            gateway = GatewayError("A stored record failed its integrity check.", code="record_corrupted")
+        metrics.observe_error(gateway.code or gateway.error_type)
+        return error_response(request.url.path, gateway)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -1,4 +1,4 @@
-"""`gateway serve | check-config | migrate-config | replay`."""
+"""`gateway serve | check-config | migrate-config | replay | keys rotate`."""
 from __future__ import annotations
 
 import argparse
@@ -38,9 +38,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     settings = load_settings(args.path)
+    encryption = settings.storage.encryption_keys().current_id
     print(
         f"{args.path}: ok ({len(settings.models)} models, {len(settings.tenants)} tenants, "
-        f"storage {settings.storage_url().split('://')[0]})"
+        f"storage {settings.storage_url().split('://')[0]}"
+        + (f", encrypted at rest under key {encryption})" if encryption else ")")
     )
     return 0
 
@@ -89,6 +91,29 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if total["protocol_violations"] or total["latest_round_lost"] or total["user_system_lost"] else 0
 
 
+def _rotate_keys(args: argparse.Namespace) -> int:
+    from gateway.app import build_store
+
+    settings = load_settings(args.config)
+    if settings.storage.encryption_key is None:
+        raise ConfigError(settings.source, "storage.encryption_key", "not set: there is no key to rotate to")
+    store = build_store(settings)
+    store.create_schema()
+    report = store.rotate_keys(batch=args.batch)
+    store.engine.dispose()
+    for problem in report.unreadable:
+        print(f"gateway: unreadable: {problem}", file=sys.stderr)
+    print(json.dumps({"key_id": store.encryption.current_id, **report.as_dict(), "unreadable": len(report.unreadable)}))
+    return 1 if report.unreadable else 0
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Context gateway for tool-using agents")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--tenant", default="replay",
                         help="tenant the ids are derived for (use the gateway's to compare with it exactly)")
     replay.set_defaults(run=_replay)
+    keys = sub.add_parser("keys", help="encryption keys of the stored artifacts").add_subparsers(dest="keys_command",
+                                                                                              required=True)
+    rotate = keys.add_parser("rotate", help="re-seal everything stored under storage.encryption_key (safe while serving)")
+    rotate.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
+    rotate.add_argument("--batch", type=_positive, default=200, help="rows re-sealed per transaction (default 200)")
+    rotate.set_defaults(run=_rotate_keys)
     return parser
 
 

@@ -6,20 +6,24 @@ failed start both say exactly where to look.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, \
+    model_validator
 
 from gateway.deployment_params import refusal
 from policies.policy import Policy, PolicyError, policy_from_mapping
 from policies.presets import PRESET_NAMES, preset
 from policies.validation import field_path
+from storage.encryption import KEY_BYTES, EncryptionKeys
 
 ENV_PREFIX = "os.environ/"
 _SHA256_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -208,6 +212,25 @@ class BlobSettings(_Strict):
         return value
 
 
+def _key_bytes(value: str) -> bytes:
+    return base64.b64decode(value.strip(), validate=True)
+
+
+def _valid_key(value: str) -> str:
+    """A key that decodes to 32 bytes; the message never repeats it (config errors are logged)."""
+    try:
+        key = _key_bytes(value)
+    except (binascii.Error, ValueError):
+        raise ValueError("not base64: an encryption key is 32 random bytes in base64 "
+                         "(python -c \"import os,base64;print(base64.b64encode(os.urandom(32)).decode())\")") from None
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"an encryption key is {KEY_BYTES} bytes in base64; this one decodes to {len(key)}")
+    return value
+
+
+_EncryptionKey = Annotated[str, AfterValidator(_valid_key)]
+
+
 class StorageSettings(_Strict):
     url: str = "sqlite:///./gateway.db"
     blob_dir: str | None = None  # the same as blobs.dir (kept for configs written before storage.blobs)
@@ -216,6 +239,11 @@ class StorageSettings(_Strict):
     # PostgreSQL connections per process (and as many again in overflow): every request holds one
     # while it captures and once more while its outcome is written, from the worker-thread pool.
     pool_size: int = Field(20, ge=1, le=500)
+    # Encryption at rest of captured tool results (inline, blobs, forwarded memories): an AES-256
+    # key, 32 bytes in base64, best given as `os.environ/NAME`. Unset: stored in the clear.
+    encryption_key: _EncryptionKey | None = Field(None, repr=False)
+    # Older keys, still accepted for reading until `gateway keys rotate` has re-sealed everything.
+    decryption_keys: list[_EncryptionKey] = Field(default_factory=list, repr=False)
 
     @field_validator("url")
     @classmethod
@@ -235,6 +263,10 @@ class StorageSettings(_Strict):
     def blob_folder(self) -> str:
         """The directory backend's folder (relative to the config file)."""
         return self.blob_dir or self.blobs.dir or "./blobs"
+
+    def encryption_keys(self) -> EncryptionKeys:
+        current = _key_bytes(self.encryption_key) if self.encryption_key else None
+        return EncryptionKeys(current, [_key_bytes(k) for k in self.decryption_keys])
 
 
 class DashboardSettings(_Strict):

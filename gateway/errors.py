@@ -140,6 +140,13 @@ class InternalError(GatewayError):
     default_code = "internal_error"
 
 
+def key_unavailable(what: str, error: Exception) -> GatewayError:
+    """A stored record sealed under a key this gateway was not given: its configuration's fault, said plainly."""
+    key_id = getattr(error, "key_id", "?")
+    return GatewayError(f"{what} is encrypted under key {key_id}, which this gateway was not given "
+                        "(storage.encryption_key or storage.decryption_keys).", code="encryption_key_unavailable")
+
+
 def upstream_error_for_status(status: int, message: str, headers: Mapping[str, str] | None = None) -> UpstreamError:
     """The error to give the client for an upstream HTTP status."""
     if status == 429:

@@ -11,12 +11,13 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
 from gateway.run_recorder import outcomes_written
 from gateway.savings import ledger, parse_moment
 from gateway.services import PrincipalDep, ServicesDep
 from storage.record_types import ArtifactCorrupted, ArtifactRecord
 from storage.blobs import BlobCorrupted
+from storage.encryption import UnknownKey
 
 router = APIRouter(prefix="/api", dependencies=[Depends(outcomes_written)])
 
@@ -43,6 +44,8 @@ async def artifact_raw(artifact_id: str, principal: PrincipalDep, services: Serv
         raise GatewayError(
             f"Artifact '{artifact_id}' failed its integrity check.", code="artifact_corrupted"
         ) from exc
+    except UnknownKey as exc:
+        raise key_unavailable(f"Artifact '{artifact_id}'", exc) from exc
     headers = {
         "x-artifact-id": record.id,
         "x-artifact-sha256": record.sha256,

@@ -20,6 +20,7 @@ from policies.policy import Policy
 from policies.tokens import count_text
 from policies.visibility import access
 from storage.blobs import BlobCorrupted
+from storage.encryption import UnknownKey
 from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
@@ -116,6 +117,9 @@ class Rehydrator:
             except (ArtifactCorrupted, BlobCorrupted, FileNotFoundError):
                 return self._refuse(artifact_id, "artifact_corrupted",
                                     f"artifact:{artifact_id} failed its integrity check and cannot be given")
+            except UnknownKey:
+                return self._refuse(artifact_id, "encryption_key_unavailable",
+                                    f"artifact:{artifact_id} cannot be read by the gateway now")
         else:
             found = self.store.get_call_arguments(artifact_id, self.tenant)
             if found is None:

@@ -29,6 +29,7 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.canonical import fast_canonical_json
+from storage.encryption import artifact_aad, forwarded_aad
 from storage.record_types import (
     AssemblyRecord,
     IngestResult,
@@ -221,10 +222,13 @@ class Capture(StoreBase):
         deletes the row before it removes a file, cannot remove one this capture relies on.
         """
         for key in sorted(blobs):  # one order everywhere: no deadlock between captures
-            statement = self._insert(Blob).values(key=key, size_bytes=len(blobs[key]), created_at=now)
-            connection.execute(statement.on_conflict_do_update(index_elements=[Blob.key],
-                                                            set_={"size_bytes": statement.excluded.size_bytes}))
-            self.blobs.put(blobs[key])  # verifies what is on disk; fsynced before the row commits
+            statement = self._insert(Blob).values(key=key, size_bytes=len(blobs[key]), created_at=now,
+                                                  key_id=self.encryption.current_id)
+            connection.execute(statement.on_conflict_do_update(index_elements=[Blob.key], set_={
+                "size_bytes": statement.excluded.size_bytes, "key_id": statement.excluded.key_id}))
+            # Verifies what is there (re-sealing a file under an older key, or in the clear, with the
+            # current one); fsynced before the row commits.
+            self.sealed_blobs.put(blobs[key])
 
     def _subagent_results(
         self, connection: Connection, tenant: str, conversation: str, own_parent: str | None
@@ -320,6 +324,7 @@ class Capture(StoreBase):
             "tokens": count_text(text_content),
             "content_type": content_type,
             "content": None if large else raw,
+            "key_id": None,
             "blob_key": digest if large else None,  # blobs are named by their sha256
             "owner_participant": author or run.participant,
             "privacy_class": None,
@@ -327,6 +332,8 @@ class Capture(StoreBase):
             "captured_by_request": run.request_id,
             "observed_at": now,
         }
+        if not large and self.encryption.enabled:  # a blob is sealed as it is written (_write_blobs)
+            row["content"], row["key_id"] = self.encryption.seal(raw, artifact_aad(digest)), self.encryption.current_id
         return row, raw
 
     def _call_rows(
@@ -413,6 +420,7 @@ class Capture(StoreBase):
             if base is not None and base.get(index) == assembly.notable.get(index):
                 continue  # forwarded by the base request too: stored then
             digest, data = message_digest(message)
+            sealed, key_id = self.encryption.seal_if_enabled(zlib.compress(data), forwarded_aad(digest))
             rows[digest] = {"conversation_id": conversation, "digest": digest, "tenant": tenant,
-                            "message_zlib": zlib.compress(data), "created_at": self._now()}
+                            "message_zlib": sealed, "key_id": key_id, "created_at": self._now()}
         self._insert_ignoring_conflicts(connection, ForwardedMessage, list(rows.values()))

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from storage.encryption import Tampered, forwarded_aad, projection_aad
 from storage.record_types import (
     ArtifactCorrupted,
     ArtifactRecord,
@@ -55,14 +56,20 @@ class Reads(StoreBase):
             return row.arguments, meta
 
     def artifact_bytes(self, record: ArtifactRecord) -> bytes:
-        """The raw bytes, checked against the recorded sha256."""
+        """The raw bytes, checked against the recorded sha256 (after opening them, if sealed).
+
+        UnknownKey (storage/encryption.py) if they were sealed under a key this store was not given."""
         if record.blob_key:
-            data = self.blobs.get(record.blob_key)
+            data = self.sealed_blobs.get(record.blob_key)
         else:
             with Session(self.engine) as session:
-                data = session.scalar(
+                stored = session.scalar(
                     select(ToolArtifact.content).where(ToolArtifact.id == record.id)
                 ) or b""
+            try:
+                data = self.encryption.open_artifact(stored, record.sha256)
+            except Tampered as exc:
+                raise ArtifactCorrupted(record.id) from exc
         if hashlib.sha256(data).hexdigest() != record.sha256:
             raise ArtifactCorrupted(record.id)
         return data
@@ -80,7 +87,8 @@ class Reads(StoreBase):
                 return None
             assembly, leaf, conversation = found
             if assembly.forwarded_zlib:  # recorded whole (before the projection was rebuilt on demand)
-                return json.loads(zlib.decompress(assembly.forwarded_zlib))
+                return json.loads(zlib.decompress(
+                    self.encryption.open(assembly.forwarded_zlib, projection_aad(assembly.request_id))))
             decisions = merged_decisions(self._assembly_chain(session, assembly))
             digests = [d["forwarded"] for d in decisions.values() if d.get("forwarded")]
             replaced = {}
@@ -88,7 +96,7 @@ class Reads(StoreBase):
                 rows = session.execute(select(ForwardedMessage.digest, ForwardedMessage.message_zlib).where(
                     ForwardedMessage.conversation_id == (conversation or request_id),
                     ForwardedMessage.digest.in_(digests[start:start + 500])))
-                replaced.update((digest, data) for digest, data in rows)
+                replaced.update((digest, self.encryption.open(data, forwarded_aad(digest))) for digest, data in rows)
         messages = []
         for index, message in enumerate(self.path_messages(leaf)):
             decision = decisions.get(index, {})

@@ -3,7 +3,8 @@
 Its parts live in their own modules: capture (`storage/capture.py`), the read
 side (`storage/reads.py`), deletion and blob collection
 (`storage/deletion.py`), serving instances and the runs a dead one left
-pending (`storage/instances.py`), keys made through the API (`storage/api_keys.py`).
+pending (`storage/instances.py`), keys made through the API (`storage/api_keys.py`), key rotation
+(`storage/rotation.py`).
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from storage.capture import Capture
 from storage.deletion import Deletion
 from storage.instances import Instances
 from storage.reads import Reads
+from storage.rotation import Rotation
 
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
-class RecordStore(Capture, Reads, Deletion, Instances, KeyRecords):
+class RecordStore(Capture, Reads, Deletion, Instances, KeyRecords, Rotation):
     def create_schema(self) -> None:
         """Bring the database to the latest schema (Alembic migrations in storage/migrations).
 

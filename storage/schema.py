@@ -122,7 +122,10 @@ class ToolArtifact(Base):
     size_bytes: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
     content_type: Mapped[str] = mapped_column(String(64))
-    content: Mapped[bytes | None] = mapped_column(LargeBinary)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary)  # inline: sealed when a key is set
+    # The key `content` is sealed under (storage/encryption.py); None: in the clear, or in a blob
+    # (whose key is its registry row's: one file serves every artifact of its content).
+    key_id: Mapped[str | None] = mapped_column(String(16))
     blob_key: Mapped[str | None] = mapped_column(String(128), index=True)
     owner_participant: Mapped[str] = mapped_column(String(256))
     privacy_class: Mapped[str | None] = mapped_column(String(64))
@@ -151,8 +154,9 @@ class Blob(Base):
 
     __tablename__ = "blobs"
 
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the bytes
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the (plaintext) bytes
     size_bytes: Mapped[int] = mapped_column(BigInteger)
+    key_id: Mapped[str | None] = mapped_column(String(16))  # the file's sealing key; None: in the clear
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
@@ -189,6 +193,7 @@ class ContextAssembly(Base):
     timings_json: Mapped[str] = mapped_column(Text)
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
     forwarded_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)  # the projection as sent, compressed
+    key_id: Mapped[str | None] = mapped_column(String(16))  # forwarded_zlib's sealing key, if sealed
     # The earlier request on the same path whose decisions this one's extend (None: stored whole).
     base_request_id: Mapped[str | None] = mapped_column(ID)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -204,7 +209,8 @@ class ForwardedMessage(Base):
     conversation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(TENANT, index=True)
-    message_zlib: Mapped[bytes] = mapped_column(LargeBinary)
+    message_zlib: Mapped[bytes] = mapped_column(LargeBinary)  # compressed, then sealed when a key is set
+    key_id: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 

@@ -1,4 +1,4 @@
-"""What every part of the record store shares: the engine, the blob store, the clock."""
+"""What every part of the record store shares: the engine, the blob store, the encryption keys, the clock."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +12,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore
+from storage.encryption import NO_ENCRYPTION, EncryptionKeys
 from storage.schema import Base
+from storage.sealed_blobs import SealedBlobs
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
 
@@ -24,12 +26,15 @@ class StoreBase:
         blobs: BlobStore,
         *,
         inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES,
+        encryption: EncryptionKeys = NO_ENCRYPTION,
         clock: Callable[[], float] = time.time,
         instance_id: str | None = None,
     ) -> None:
         self.engine = engine
         self.clock = clock
         self.blobs = blobs
+        self.encryption = encryption  # encryption at rest of captured content (storage/encryption.py)
+        self.sealed_blobs = SealedBlobs(blobs, encryption)  # what capture and reads go through
         self.inline_max_bytes = inline_max_bytes
         self.instance_id = instance_id  # set by register_instance when a gateway serves
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert

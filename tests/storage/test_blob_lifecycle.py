@@ -8,6 +8,7 @@ commit, and B's artifact answered `artifact_corrupted`.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import threading
 import uuid
@@ -19,6 +20,7 @@ import pytest
 from policies.transcript import artifact_id_for, message_path
 from storage.blobs import BlobStore, BlobStoreUnavailable, DirectoryBlobStore
 from storage.database import make_engine
+from storage.encryption import NO_ENCRYPTION, EncryptionKeys
 from storage.record_types import RunStart
 from storage.records import RecordStore
 
@@ -38,8 +40,8 @@ def run(tenant: str, label: str | None = None) -> RunStart:
 
 
 class PausingBlobs:
-    """A blob store (each kind in turn) that stops inside `put`, after the blob is in place and
-    before the capture commits."""
+    """A blob store (each kind in turn) that stops inside `put` (or, with encryption on, the `read`
+    that checks the file), after the blob is in place and before the capture commits."""
 
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
@@ -47,12 +49,23 @@ class PausingBlobs:
         self.inside = threading.Event()
         self.go_on = threading.Event()
 
-    def put(self, data: bytes) -> str:
-        key = self.inner.put(data)
+    def _stop_here(self) -> None:
         if self.pause:
             self.inside.set()
             assert self.go_on.wait(30)
+
+    def put(self, data: bytes) -> str:
+        key = self.inner.put(data)
+        self._stop_here()
         return key
+
+    def read(self, key: str) -> bytes:
+        data = self.inner.read(key)
+        self._stop_here()
+        return data
+
+    def write(self, key: str, data: bytes) -> None:
+        self.inner.write(key, data)
 
     def get(self, key: str) -> bytes:
         return self.inner.get(key)
@@ -63,10 +76,18 @@ class PausingBlobs:
     def keys(self) -> Iterator[str]:
         return self.inner.keys()
 
+    def check(self) -> None:
+        self.inner.check()
 
-@pytest.fixture
-def store(storage_url: str, any_blob_store: BlobStore) -> Iterator[RecordStore]:
-    store = RecordStore(make_engine(storage_url), PausingBlobs(any_blob_store), inline_max_bytes=1024)
+
+@pytest.fixture(params=["directory", "directory-encrypted", "s3-encrypted"])
+def store(request: pytest.FixtureRequest, storage_url: str, tmp_path: Path) -> Iterator[RecordStore]:
+    """The store over a folder with blobs in the clear and sealed (storage/sealed_blobs.py), and
+    over S3 sealed (the S3 store in the clear: tests/storage/test_s3_blobs.py)."""
+    inner = request.getfixturevalue("s3_blobs") if request.param.startswith("s3") \
+        else DirectoryBlobStore(tmp_path / "blobs")
+    keys = EncryptionKeys(os.urandom(32)) if request.param.endswith("encrypted") else NO_ENCRYPTION
+    store = RecordStore(make_engine(storage_url), PausingBlobs(inner), inline_max_bytes=1024, encryption=keys)
     store.create_schema()
     yield store
     store.engine.dispose()
