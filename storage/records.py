@@ -2,7 +2,8 @@
 
 Its parts live in their own modules: capture (`storage/capture.py`), the read
 side (`storage/reads.py`), deletion and blob collection
-(`storage/deletion.py`), serving instances and the runs a dead one left
+(`storage/deletion.py`), retention and garbage collection (`storage/retention.py`), tenant
+purge (`storage/purge.py`), serving instances and the runs a dead one left
 pending (`storage/instances.py`).
 """
 from __future__ import annotations
@@ -14,14 +15,15 @@ from alembic.config import Config as AlembicConfig
 from sqlalchemy import text
 
 from storage.capture import Capture
-from storage.deletion import Deletion
 from storage.instances import Instances
+from storage.purge import Purge
 from storage.reads import Reads
+from storage.retention import Retention
 
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
-class RecordStore(Capture, Reads, Deletion, Instances):
+class RecordStore(Capture, Reads, Retention, Purge, Instances):
     def create_schema(self) -> None:
         """Bring the database to the latest schema (Alembic migrations in storage/migrations).
 
