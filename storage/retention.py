@@ -21,12 +21,13 @@ captured (and the capture stores its nodes anew) or left alone. Blob files go th
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
-from sqlalchemy import Connection, delete, exists, func, select, update
+from sqlalchemy import Connection, delete, exists, select, update
 
 from storage.deletion import Deletion
 from storage.gc_lock import exclusive
@@ -80,10 +81,6 @@ class GcReport:
         self.counts[table] = self.counts.get(table, 0) + count
 
 
-class _DryRun(Exception):
-    """Raised inside a batch's transaction to roll it back after counting."""
-
-
 class Retention(Deletion):
     def collect_garbage(
         self,
@@ -95,42 +92,63 @@ class Retention(Deletion):
     ) -> GcReport:
         """Remove what retention allows at `now`, in short transactions of `batch_size` conversations.
 
-        Call it under `run_gc`'s lock; a dry run counts the same rows in transactions it rolls back.
+        Call it under `run_gc`'s lock; a dry run counts the same rows in a transaction it rolls back.
         """
         report = GcReport(dry_run=dry_run)
+        if not dry_run:
+            self._collect(retention_for, now, report, batch_size, None)
+            while swept := self.collect_unreferenced_blobs(limit=batch_size):  # left by a crash mid-collection
+                report.add("blobs", swept)
+            return report
+        # A dry run is one transaction, rolled back: each row is counted once, as a real run deletes it once.
+        with self._writing, self.engine.connect() as connection:
+            transaction = connection.begin()
+            try:
+                blob_keys = self._collect(retention_for, now, report, batch_size, connection)
+                report.add("blobs", self._unnamed(connection, blob_keys))
+            finally:
+                transaction.rollback()
+        return report
+
+    def _collect(self, retention_for: Callable[[str], RetentionClasses], now: datetime, report: GcReport,
+                 batch_size: int, dry: Connection | None) -> set[str]:
         with self.engine.connect() as connection:
             tenants = sorted(connection.scalars(select(Conversation.tenant).distinct()))
+        blob_keys: set[str] = set()
         for tenant in tenants:
             classes = retention_for(tenant).effective()
             for bit, lifetime in ((ASSEMBLIES, classes.assemblies), (RUNS, classes.runs),
                                   (MEMORIES, classes.memories), (ARTIFACTS, classes.artifacts)):
                 if lifetime is not None:
-                    self._collect_class(tenant, bit, now - lifetime, report, batch_size)
-            lifetimes = (classes.artifacts, classes.memories, classes.assemblies, classes.runs)
-            if all(d is not None for d in lifetimes):
-                self._forget_conversations(tenant, now - max(lifetimes), report, batch_size)  # type: ignore[type-var]
-        if not dry_run:
-            while swept := self.collect_unreferenced_blobs(limit=batch_size):  # left by a crash mid-collection
-                report.add("blobs", swept)
-        return report
+                    blob_keys |= self._collect_class(tenant, bit, now - lifetime, report, batch_size, dry)
+            if all(d is not None for d in (classes.artifacts, classes.memories, classes.assemblies, classes.runs)):
+                self._forget_conversations(tenant, report, batch_size, dry)
+        return blob_keys
 
-    def _collect_class(self, tenant: str, bit: int, cutoff: datetime, report: GcReport, batch_size: int) -> None:
-        after = ""
+    @contextlib.contextmanager
+    def _batch(self, dry: Connection | None) -> Iterator[Connection]:
+        """A short transaction of its own, or (a dry run) the one transaction it will roll back."""
+        if dry is not None:
+            yield dry
+            return
+        with self._writing, self.engine.begin() as connection:
+            yield connection
+
+    def _collect_class(self, tenant: str, bit: int, cutoff: datetime, report: GcReport, batch_size: int,
+                       dry: Connection | None) -> set[str]:
+        """Collect one class of the tenant's conversations idle since before `cutoff`; a dry run's
+        blob keys (a real run collects the files after each batch commits)."""
+        after, pending = "", set()
         while True:
-            blob_keys: set[str] = set()
-            try:
-                with self._writing, self.engine.begin() as connection:
-                    claimed, last = self._claim(connection, tenant, bit, cutoff, after, batch_size)
-                    if last is None:
-                        return
-                    after = last
-                    blob_keys = self._delete_class(connection, tenant, bit, claimed, report) if claimed else set()
-                    if report.dry_run:
-                        report.add("blobs", self._unnamed(connection, blob_keys))
-                        raise _DryRun
-            except _DryRun:
-                continue
-            if blob_keys:
+            with self._batch(dry) as connection:
+                claimed, last = self._claim(connection, tenant, bit, cutoff, after, batch_size)
+                if last is None:
+                    return pending
+                after = last
+                blob_keys = self._delete_class(connection, tenant, bit, claimed, report) if claimed else set()
+            if dry is not None:
+                pending |= blob_keys
+            elif blob_keys:
                 report.add("blobs", self.collect_blobs(blob_keys))
 
     def _claim(self, connection: Connection, tenant: str, bit: int, cutoff: datetime, after: str,
@@ -179,16 +197,11 @@ class Retention(Deletion):
         """How many of `keys` no artifact names (a dry run's count of the blob files that would go)."""
         return sum(1 for key in keys if not connection.scalar(select(exists().where(ToolArtifact.blob_key == key))))
 
-    def _forget_conversations(self, tenant: str, cutoff: datetime, report: GcReport, batch_size: int) -> None:
+    def _forget_conversations(self, tenant: str, report: GcReport, batch_size: int, dry: Connection | None) -> None:
         """The rows of conversations every class of which has gone (with lifetimes for all four)."""
-        if report.dry_run:
-            with self.engine.connect() as connection:
-                report.add("conversations", int(connection.scalar(select(func.count()).where(
-                    Conversation.tenant == tenant, Conversation.last_active_at < cutoff)) or 0))
-            return
         done = (Conversation.tenant == tenant, Conversation.collected == ALL_CLASSES)
         while True:
-            with self._writing, self.engine.begin() as connection:
+            with self._batch(dry) as connection:
                 ids = list(connection.scalars(select(Conversation.id).where(*done).limit(batch_size)))
                 if not ids:
                     return
