@@ -85,6 +85,12 @@ def _on_hangup(reloader: Reloader) -> bool:
     return True
 
 
+def _current_settings(app: FastAPI) -> Settings | None:
+    """The settings now in force (a reload swaps them); None before the app is up."""
+    services = getattr(app.state, "services", None)
+    return services.settings if services is not None else None
+
+
 CONFIG_ENV = "GATEWAY_CONFIG"  # the config file of `gateway serve --workers N`'s processes
 
 
@@ -113,7 +119,7 @@ def create_app(
         await run_in_threadpool(record_store.create_schema)
         await run_in_threadpool(record_store.blobs.check)  # a missing bucket stops the start, not a capture
         await run_in_threadpool(record_store.register_instance)
-        housekeeping = Housekeeping(record_store, settings.server)
+        housekeeping = Housekeeping(record_store, settings.server, lambda: _current_settings(app), clock)
         await housekeeping.run_once()  # what a crashed predecessor left pending
         limiter: RateLimiter = (
             RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)

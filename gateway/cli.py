@@ -1,10 +1,11 @@
-"""`gateway serve | check-config | migrate-config | replay | keys rotate`."""
+"""`gateway serve | check-config | migrate-config | replay | keys rotate | gc | tenant purge`."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from gateway.config import ConfigError, load_settings, policy_file, read_yaml
@@ -114,6 +115,70 @@ def _positive(value: str) -> int:
     return number
 
 
+def _moment(value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO date or datetime") from exc
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+
+
+def _print_counts(counts: dict[str, int]) -> None:
+    width = max((len(name) for name in counts), default=0)
+    for name, count in sorted(counts.items()):
+        print(f"  {name:<{width}}  {count}")
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from gateway.app import build_store
+    from storage.retention import run_gc
+
+    settings = load_settings(args.config)
+    store = build_store(settings)
+    try:
+        store.create_schema()
+        now = args.now or datetime.now(timezone.utc)
+        report = run_gc(store, settings.retention_for, now, dry_run=args.dry_run,
+                        batch_size=settings.retention.batch_size)
+    finally:
+        store.engine.dispose()
+    if report.skipped:
+        print("gc: another garbage collection holds the lock; nothing done", file=sys.stderr)
+        return 3
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"gc at {now.isoformat()}: {verb} {sum(report.counts.values())} row(s) and file(s); "
+          f"{report.rolled_up} finished run(s) rolled up into the savings ledger")
+    _print_counts(report.counts)
+    return 0
+
+
+def _tenant_purge(args: argparse.Namespace) -> int:
+    import getpass
+    import socket
+
+    from gateway.app import build_store
+
+    settings = load_settings(args.config)
+    store = build_store(settings)
+    try:
+        store.create_schema()
+        if not args.yes:
+            print(f"tenant {args.tenant!r} has:")
+            _print_counts(store.tenant_row_counts(args.tenant))
+            configured = " (it stays in the config: requests with its keys are recorded anew)" \
+                if any(t.id == args.tenant for t in settings.tenants) else ""
+            answer = input(f"remove all of it and its blob files{configured}? type the tenant id to confirm: ")
+            if answer.strip() != args.tenant:
+                print("gateway: purge cancelled", file=sys.stderr)
+                return 1
+        result = store.purge_tenant(args.tenant, actor=f"cli:{getpass.getuser()}@{socket.gethostname()}")
+    finally:
+        store.engine.dispose()
+    print(f"purged tenant {args.tenant!r} (audit entry {result.audit_id}):")
+    _print_counts(result.counts)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Context gateway for tool-using agents")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,6 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     rotate.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
     rotate.add_argument("--batch", type=_positive, default=200, help="rows re-sealed per transaction (default 200)")
     rotate.set_defaults(run=_rotate_keys)
+    gc = sub.add_parser("gc", help="remove what the retention classes allow (and blob files nothing names)")
+    gc.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
+    gc.add_argument("--now", type=_moment, help="collect as if it were this ISO time (default: now)")
+    gc.add_argument("--dry-run", action="store_true", help="count what would go, remove nothing")
+    gc.set_defaults(run=_gc)
+    tenant = sub.add_parser("tenant", help="tenant operations").add_subparsers(dest="tenant_command", required=True)
+    purge = tenant.add_parser("purge", help="remove every record and blob file of a tenant, leaving an audit entry")
+    purge.add_argument("tenant", help="the tenant id")
+    purge.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    purge.set_defaults(run=_tenant_purge)
     return parser
 
 

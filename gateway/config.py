@@ -24,6 +24,7 @@ from policies.policy import Policy, PolicyError, policy_from_mapping
 from policies.presets import PRESET_NAMES, preset
 from policies.validation import field_path
 from storage.encryption import KEY_BYTES, EncryptionKeys
+from storage.retention import RetentionClasses, parse_duration
 
 ENV_PREFIX = "os.environ/"
 _SHA256_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -158,6 +159,36 @@ class BudgetSettings(_Strict):
     usd_per_month: float | None = Field(None, gt=0)
 
 
+class RetentionClassSettings(_Strict):
+    """Lifetimes counted from a conversation's last activity ("30d", "12h", "90m"; null: forever)."""
+
+    artifacts: str | None = None  # raw tool results, their message nodes and tool calls, blob files
+    memories: str | None = None  # the messages forwarded in place of tool results
+    assemblies: str | None = None  # context assemblies: decisions and recorded projections
+    runs: str | None = None  # run records (rolled up into the daily savings ledger first)
+
+    @field_validator("artifacts", "memories", "assemblies", "runs")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        parse_duration(value)
+        return value
+
+    def classes(self, over: "RetentionClassSettings | None" = None) -> RetentionClasses:
+        """These lifetimes, with the fields `over` sets taken from it (a tenant's own)."""
+        chosen = {name: getattr(self, name) for name in ("artifacts", "memories", "assemblies", "runs")}
+        if over is not None:
+            chosen |= {name: getattr(over, name) for name in over.model_fields_set}
+        return RetentionClasses(**{name: parse_duration(value) for name, value in chosen.items()})
+
+
+class RetentionSettings(RetentionClassSettings):
+    """The default lifetimes (a tenant's `retention:` overrides those it names) and the collector's pace."""
+
+    # How often a serving gateway runs garbage collection (one replica at a time); null: only `gateway gc`.
+    gc_interval_seconds: float | None = Field(3600.0, gt=0)
+    batch_size: int = Field(100, ge=1, le=10_000)  # conversations per transaction
+
+
 class TenantSettings(_Strict):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     api_keys: list[str] = Field(min_length=1)
@@ -165,6 +196,7 @@ class TenantSettings(_Strict):
     models: list[str] | None = None  # None: every model of the config
     limits: LimitSettings = LimitSettings()
     budget: BudgetSettings = BudgetSettings()
+    retention: RetentionClassSettings | None = None  # fields set here override the top-level `retention:`
 
     @field_validator("api_keys")
     @classmethod
@@ -309,6 +341,7 @@ class Settings(_Strict):
     dashboard: DashboardSettings = DashboardSettings()
     router: RouterSettings = RouterSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
+    retention: RetentionSettings = RetentionSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"  # one JSON object per line on stderr, or plain text
     access_log: bool = True  # one line per request (gateway.access): ids, tenant, model, tokens, latency
@@ -390,6 +423,11 @@ class Settings(_Strict):
             for segment in segments:
                 target = target.replace("*", segment, 1)
         return entry.model_copy(update={"litellm_params": {**entry.litellm_params, "model": target}})
+
+    def retention_for(self, tenant: str) -> RetentionClasses:
+        """A tenant's retention classes; a tenant no longer in the config has the defaults."""
+        entry = next((t for t in self.tenants if t.id == tenant), None)
+        return self.retention.classes(entry.retention if entry else None)
 
     def resolve_path(self, value: str) -> Path:
         """A path from the config, relative to the config file's folder."""

@@ -1,13 +1,18 @@
-"""What every instance does in the background: beat, settle dead instances' runs, collect blobs."""
+"""What every instance does in the background: beat, settle dead instances' runs, collect blobs, and
+garbage collection on its schedule (`retention.gc_interval_seconds`, one replica at a time)."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from datetime import datetime, timezone
+from typing import Callable
 
 from starlette.concurrency import run_in_threadpool
 
-from gateway.config import ServerSettings
+from gateway.config import ServerSettings, Settings
 from storage.records import RecordStore
+from storage.retention import GcReport, run_gc
 
 log = logging.getLogger("gateway.housekeeping")
 MISSED_BEATS = 3
@@ -15,10 +20,14 @@ BLOB_SWEEP_EVERY = 30  # beats: unreferenced blobs are rare (a crash mid-deletio
 
 
 class Housekeeping:
-    def __init__(self, store: RecordStore, server: ServerSettings) -> None:
+    def __init__(self, store: RecordStore, server: ServerSettings,
+                 settings: Callable[[], Settings | None] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.server = server
+        self.settings = settings  # read each time: a reload changes the retention classes
+        self.clock = clock
         self.beats = 0
+        self.last_gc = clock()  # the first collection waits one interval: startup stays quick
 
     def _once(self) -> None:
         self.store.heartbeat()
@@ -31,6 +40,26 @@ class Housekeeping:
         if self.beats % BLOB_SWEEP_EVERY == 0:
             self.store.collect_unreferenced_blobs()
         self.beats += 1
+        self.collect_garbage_if_due()
+
+    def collect_garbage_if_due(self) -> GcReport | None:
+        """Garbage collection, if its interval has passed since this instance last tried."""
+        settings = self.settings() if self.settings is not None else None
+        if settings is None:  # not serving yet
+            return None
+        interval = settings.retention.gc_interval_seconds
+        now = self.clock()
+        if interval is None or now - self.last_gc < interval:
+            return None
+        self.last_gc = now
+        report = run_gc(self.store, settings.retention_for, datetime.fromtimestamp(now, timezone.utc),
+                        batch_size=settings.retention.batch_size)
+        if report.skipped:
+            log.info("garbage collection skipped: another instance is collecting")
+        elif report.counts:
+            log.info("garbage collection removed %s", report.counts,
+                     extra={"gc_counts": report.counts, "rolled_up_runs": report.rolled_up})
+        return report
 
     async def run_once(self) -> None:
         await run_in_threadpool(self._once)

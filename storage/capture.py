@@ -44,6 +44,7 @@ from storage.record_types import (
 from storage.schema import (
     Blob,
     ContextAssembly,
+    Conversation,
     ConversationNode,
     ForwardedMessage,
     MessageNode,
@@ -125,6 +126,8 @@ class Capture(StoreBase):
         conversation = conversation_id_for(tenant, run.session_label, path)
         now = self._now()
         with self.engine.begin() as connection:
+            # First: the row lock it takes is what garbage collection rechecks a conversation under.
+            self._touch_conversation(connection, tenant, conversation, now)
             if run.parent_request_id is not None:
                 parent_tenant = connection.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
                 if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
@@ -369,7 +372,23 @@ class Capture(StoreBase):
         unless a session label names one."""
         conversation = conversation_id_for(run.tenant, run.session_label, ()) if run.session_label else run.request_id
         with self.engine.begin() as connection:
+            self._touch_conversation(connection, run.tenant, conversation, self._now())
             connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, ())])
+
+    def _touch_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime) -> None:
+        """Record the conversation's activity, which retention counts from (storage/retention.py)."""
+        statement = self._ignoring_conflicts.get(Conversation)  # the cache of statements built once
+        if statement is None:
+            table = Conversation.__table__
+            values = self._insert(table).values(id=bindparam("id"), tenant=bindparam("tenant"),
+                                                created_at=bindparam("now"), last_active_at=bindparam("now"),
+                                                collected=0)
+            statement = self._ignoring_conflicts[Conversation] = values.on_conflict_do_update(
+                index_elements=[table.c.id],
+                set_={"last_active_at": values.excluded.last_active_at, "collected": 0},
+                where=table.c.last_active_at <= values.excluded.last_active_at,
+            )
+        connection.execute(statement, {"id": conversation, "tenant": tenant, "now": now})
 
     def finish_run(
         self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None

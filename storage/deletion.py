@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import Connection, delete, exists, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from policies.transcript import conversation_id_for
 from storage.schema import (
-    Blob, ContextAssembly, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall,
+    Blob, ContextAssembly, Conversation, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall,
 )
 from storage.store_base import StoreBase
 
@@ -64,38 +64,45 @@ class Deletion(StoreBase):
                 select(ModelRun.conversation_id).where(ModelRun.tenant == tenant,
                                                        ModelRun.conversation_id.in_(candidates)).distinct()
             ))
+            conversations.update(session.scalars(  # its runs may have gone before it (retention)
+                select(Conversation.id).where(Conversation.tenant == tenant, Conversation.id.in_(candidates))))
             if not conversations:
                 return {}, set()
             runs = select(ModelRun.id).where(ModelRun.tenant == tenant, ModelRun.conversation_id.in_(conversations))
-            nodes = list(session.scalars(
-                select(ConversationNode.node_id).where(ConversationNode.conversation_id.in_(conversations))))
-            shared: set[str] = set()
-            for chunk in _chunks(nodes):
-                shared.update(session.scalars(
-                    select(ConversationNode.node_id).where(ConversationNode.node_id.in_(chunk),
-                                                           ConversationNode.conversation_id.not_in(conversations))
-                ))
-            only_here = [n for n in nodes if n not in shared]
             counts = {"context_assemblies": session.execute(
                 delete(ContextAssembly).where(ContextAssembly.request_id.in_(runs))).rowcount}
             counts["model_runs"] = session.execute(
                 delete(ModelRun).where(ModelRun.tenant == tenant, ModelRun.conversation_id.in_(conversations))
             ).rowcount
-            session.execute(delete(ConversationNode).where(ConversationNode.conversation_id.in_(conversations)))
+            session.execute(delete(Conversation).where(Conversation.tenant == tenant, Conversation.id.in_(conversations)))
             counts["forwarded_messages"] = session.execute(delete(ForwardedMessage).where(
                 ForwardedMessage.tenant == tenant, ForwardedMessage.conversation_id.in_(conversations))).rowcount
-            blob_keys: set[str] = set()
-            counts |= {"tool_artifacts": 0, "tool_calls": 0, "message_nodes": 0}
-            for chunk in _chunks(only_here):
-                blob_keys.update(session.scalars(
-                    select(ToolArtifact.blob_key).where(ToolArtifact.node_id.in_(chunk),
-                                                        ToolArtifact.blob_key.is_not(None))))
-                counts["tool_artifacts"] += session.execute(
-                    delete(ToolArtifact).where(ToolArtifact.tenant == tenant, ToolArtifact.node_id.in_(chunk))).rowcount
-                counts["tool_calls"] += session.execute(
-                    delete(ToolCall).where(ToolCall.tenant == tenant, ToolCall.node_id.in_(chunk))).rowcount
-                counts["message_nodes"] += session.execute(
-                    delete(MessageNode).where(MessageNode.tenant == tenant, MessageNode.id.in_(chunk))).rowcount
+            transcript, blob_keys = self._delete_transcripts(session, tenant, list(conversations))
+            transcript.pop("conversation_nodes")
+            counts |= transcript
+        return counts, blob_keys
+
+    def _delete_transcripts(self, executor: Session | Connection, tenant: str,
+                            conversations: list[str]) -> tuple[dict[str, int], set[str]]:
+        """The conversations' node memberships, and their nodes no other conversation uses with
+        those nodes' tool calls and artifacts: (rows deleted by table, the blob keys they named)."""
+        nodes = list(executor.scalars(
+            select(ConversationNode.node_id).where(ConversationNode.conversation_id.in_(conversations))))
+        shared: set[str] = set()
+        for chunk in _chunks(nodes):
+            shared.update(executor.scalars(select(ConversationNode.node_id).where(
+                ConversationNode.node_id.in_(chunk), ConversationNode.conversation_id.not_in(conversations))))
+        counts = {"conversation_nodes": executor.execute(
+            delete(ConversationNode).where(ConversationNode.conversation_id.in_(conversations))).rowcount}
+        counts |= {"tool_artifacts": 0, "tool_calls": 0, "message_nodes": 0}
+        blob_keys: set[str] = set()
+        for chunk in _chunks([n for n in nodes if n not in shared]):
+            blob_keys.update(executor.scalars(select(ToolArtifact.blob_key).where(
+                ToolArtifact.node_id.in_(chunk), ToolArtifact.blob_key.is_not(None))))
+            for model, column in ((ToolArtifact, ToolArtifact.node_id), (ToolCall, ToolCall.node_id),
+                                  (MessageNode, MessageNode.id)):
+                counts[model.__tablename__] += executor.execute(
+                    delete(model).where(model.tenant == tenant, column.in_(chunk))).rowcount
         return counts, blob_keys
 
     def forget_response(self, tenant: str, request_id: str) -> bool:

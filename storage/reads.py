@@ -11,6 +11,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from storage.encryption import Tampered, forwarded_aad, projection_aad
+from storage.ledger import ROW_KEYS, ledger_rows, merged, run_sums, session_key_column
 from storage.record_types import (
     ArtifactCorrupted,
     ArtifactRecord,
@@ -18,7 +19,6 @@ from storage.record_types import (
     artifact_from_row,
     MAX_BASE_DEPTH,
     assembly_from_row,
-    as_utc,
     merged_decisions,
     run_as_dict,
 )
@@ -164,21 +164,10 @@ class Reads(StoreBase):
         model: str | None = None,
         session_key: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The ledger's raw material: finished runs summed per tenant, model, session and day."""
-        session_col = func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id)
-        day = func.date(ModelRun.started_at)
-        query = (
-            select(
-                ModelRun.tenant, ModelRun.model, session_col, day,
-                func.count(), func.sum(ModelRun.tokens_original), func.sum(ModelRun.tokens_forwarded),
-                func.sum(ModelRun.prompt_tokens), func.sum(ModelRun.cached_tokens),
-                func.sum(ModelRun.cache_write_tokens), func.sum(ModelRun.completion_tokens),
-                func.sum(ModelRun.cost_usd), func.sum(ModelRun.cost_original_usd),
-                func.min(ModelRun.started_at), func.max(ModelRun.started_at),
-            )
-            .where(ModelRun.status == "ok")
-            .group_by(ModelRun.tenant, ModelRun.model, session_col, day)
-        )
+        """The ledger's raw material: finished runs summed per tenant, model, session and day, with
+        the rows garbage collection rolled up before it removed runs (storage/ledger.py)."""
+        session_col = session_key_column()
+        query = run_sums()
         if tenant is not None:
             query = query.where(ModelRun.tenant == tenant)
         if start is not None:
@@ -189,18 +178,10 @@ class Reads(StoreBase):
             query = query.where(ModelRun.model == model)
         if session_key is not None:
             query = query.where(session_col == session_key)
-        keys = ("tenant", "model", "session", "day", "requests", "tokens_sent", "tokens_forwarded",
-                "prompt_tokens", "cached_tokens", "cache_write_tokens", "completion_tokens",
-                "cost_usd", "cost_original_usd", "first_at", "last_at")
-        with Session(self.engine) as session:
-            rows = []
-            for values in session.execute(query):
-                row = dict(zip(keys, values))
-                row["day"] = str(row["day"])[:10]
-                row["first_at"] = as_utc(row["first_at"]).isoformat()
-                row["last_at"] = as_utc(row["last_at"]).isoformat()
-                rows.append(row)
-            return rows
+        with self.engine.connect() as connection:
+            detail = [dict(zip(ROW_KEYS, values)) for values in connection.execute(query)]
+            rolled_up = ledger_rows(connection, tenant, start, end, model, session_key)
+        return merged(rolled_up, detail)
 
     def recent_runs(self, tenant: str | None, limit: int = 50, session_key: str | None = None) -> list[dict[str, Any]]:
         """The latest runs, newest first, for the dashboard's tables."""

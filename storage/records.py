@@ -2,7 +2,8 @@
 
 Its parts live in their own modules: capture (`storage/capture.py`), the read
 side (`storage/reads.py`), deletion and blob collection
-(`storage/deletion.py`), serving instances and the runs a dead one left
+(`storage/deletion.py`), retention and garbage collection (`storage/retention.py`), tenant
+purge (`storage/purge.py`), serving instances and the runs a dead one left
 pending (`storage/instances.py`), keys made through the API (`storage/api_keys.py`), key rotation
 (`storage/rotation.py`).
 """
@@ -16,15 +17,16 @@ from sqlalchemy import text
 
 from storage.api_keys import KeyRecords
 from storage.capture import Capture
-from storage.deletion import Deletion
 from storage.instances import Instances
+from storage.purge import Purge
 from storage.reads import Reads
 from storage.rotation import Rotation
+from storage.retention import Retention
 
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
-class RecordStore(Capture, Reads, Deletion, Instances, KeyRecords, Rotation):
+class RecordStore(Capture, Reads, Retention, Purge, Instances, KeyRecords, Rotation):
     def create_schema(self) -> None:
         """Bring the database to the latest schema (Alembic migrations in storage/migrations).
 

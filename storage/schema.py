@@ -230,3 +230,57 @@ class ApiKey(Base):
     models: Mapped[list[str] | None] = mapped_column(JSON)  # None: the tenant's models
     budget: Mapped[dict | None] = mapped_column(JSON)  # usd_per_day, usd_per_month
     limits: Mapped[dict | None] = mapped_column(JSON)  # requests_per_minute, tokens_per_minute
+
+
+class Conversation(Base):
+    """A conversation's last activity, which every retention lifetime counts from (storage/retention.py).
+
+    Capture moves `last_active_at` on each request and clears `collected`, so a conversation in use
+    never loses what its projection names; `collected` holds a bit per retention class already
+    collected since it went idle."""
+
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_active_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    collected: Mapped[int] = mapped_column(Integer, default=0)
+
+
+Index("ix_conversations_tenant_last_active", Conversation.tenant, Conversation.last_active_at)
+
+
+class SavingsLedgerDay(Base):
+    """Finished runs rolled up per tenant, day, model and session before retention removes them, so the
+    savings ledger (`/api/savings`) reads these rows plus the runs still kept, and its totals stay."""
+
+    __tablename__ = "savings_ledger"
+
+    tenant: Mapped[str] = mapped_column(TENANT, primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD (UTC)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    session: Mapped[str] = mapped_column(String(256), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    tokens_sent: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_forwarded: Mapped[int | None] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cache_write_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    cost_original_usd: Mapped[float | None] = mapped_column(Float)
+    first_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TenantPurge(Base):
+    """The audit entry a tenant purge leaves: who, when, and how many rows of each table went."""
+
+    __tablename__ = "tenant_purges"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    actor: Mapped[str] = mapped_column(String(256))
+    purged_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    counts_json: Mapped[str] = mapped_column(Text)

@@ -73,3 +73,40 @@ def test_0004_carries_existing_conversations_over(storage_url: str, tmp_path: Pa
         assert store.get_run("req_b", "acme") is not None and store.count_artifacts("acme") == 1
     finally:
         store.engine.dispose()
+
+
+def test_0009_gives_existing_conversations_their_last_activity(storage_url: str, tmp_path: Path) -> None:
+    """Conversations recorded before retention (revision 0005) are known to it after 0009, idle since
+    their latest run, so garbage collection counts from the right moment."""
+    from datetime import datetime, timedelta, timezone
+
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+    from sqlalchemy import text
+
+    from policies.transcript import message_path
+    from storage.record_types import RunStart
+    from storage.retention import RetentionClasses, run_gc
+
+    store = make_store(storage_url, tmp_path / "blobs")
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    for request_id, label, days in (("req_1", "t-1", 0), ("req_2", "t-1", 10), ("req_3", "t-2", 1)):
+        messages = [{"role": "user", "content": f"{label} {days}"}]
+        store.ingest(message_path("acme", messages), RunStart(
+            request_id=request_id, tenant="acme", participant="p", model="fake", upstream_model="openai/fake",
+            stream=False, session_label=label, started_at=start + timedelta(days=days)))
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(Path(__file__).resolve().parents[2] / "storage" / "migrations"))
+    with store.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0005")
+    store.create_schema()  # back to head: 0009 backfills
+    try:
+        with store.engine.connect() as connection:
+            assert connection.execute(text("SELECT count(*) FROM conversations")).scalar() == 2
+        classes = RetentionClasses(runs=timedelta(days=5))
+        report = run_gc(store, lambda tenant: classes, start + timedelta(days=7))
+        assert report.counts["model_runs"] == 1  # t-2's; t-1 was active on day 10
+        assert store.get_run("req_1", "acme") is not None and store.get_run("req_3", "acme") is None
+    finally:
+        store.engine.dispose()

@@ -1,7 +1,7 @@
 """the deployment that answered a run, and its tries
 
 Revision ID: 0010
-Revises: 0007
+Revises: 0009
 Create Date: 2026-11-30 10:30:00
 
 Several config entries may now serve one model name (deployments, with retries
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0007"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
