@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -102,7 +102,7 @@ def header_value(request: Request, name: str, limit: int = 256) -> str | None:
 
 
 def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, model: ModelSettings,
-               wire: WireFormat) -> RunStart:
+               wire: WireFormat, redact: Callable[[Any], tuple[Any, Mapping[str, int]]] | None = None) -> RunStart:
     """What the request says about the run: who asks, for which model, in which session."""
     assert principal.tenant is not None
     parent = header_value(request, PARENT_HEADER, 64)
@@ -120,6 +120,7 @@ def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, 
         session_label=next((label for label in labels if label), None),
         parent_request_id=parent,
         wire_format=wire.name,
+        redact=redact,
     )
 
 
@@ -244,7 +245,8 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     rate_headers = await check_limit(services, tenant.id, "requests", 1, tenant.limits.requests_per_minute)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)
-    run = _run_start(request, principal, neutral, model, wire)
+    policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
+    run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     if len(raw) > _OFF_LOOP_BYTES:
         path = await run_in_threadpool(message_path, tenant.id, neutral.messages, fast_canonical_json)
     else:
@@ -260,7 +262,6 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         except UnstorableValue as exc:
             raise InvalidRequest(f"a value in the request cannot be stored: {exc}", code="invalid_value") from exc
         ingest_ms = (time.perf_counter() - started) * 1000
-        policy = services.policies[tenant.id]
         projection, records, assembly_ms = await run_in_threadpool(
             project, policy, model, path, ingest, services.clock(), run.participant
         )
