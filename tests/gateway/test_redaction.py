@@ -152,3 +152,25 @@ def test_stored_redaction_keeps_no_copy_of_the_key(gateway: RunningGateway, stor
     send(gateway, messages, key=OTHER_TENANT_KEY)
     answer = gateway.fake.requests[1]["body"]["messages"][-1]["content"]
     assert answer == ENV.replace(KEY, "[REDACTED:api_key]").replace(EMAIL, "[REDACTED:email]")
+
+
+def test_a_subagents_results_stay_private_when_stored_redacted(gateway: RunningGateway) -> None:
+    """Subagent results are recognised by the hash of what was sent, not of the redacted bytes stored."""
+    parent = [{"role": "system", "content": "You orchestrate subagents."}, {"role": "user", "content": "Audit."}]
+    gateway.fake.script_message({"role": "assistant", "content": "delegating"})
+    parent_id = send(gateway, parent, key=OTHER_TENANT_KEY)["id"]
+    rows = "child rows: customer 4411 flagged\n" + ENV
+    child = [{"role": "system", "content": "You are a subagent."}, {"role": "user", "content": "Read the env."},
+             call("k1", "read_file", path=".env"), {"role": "tool", "tool_call_id": "k1", "content": rows}]
+    gateway.fake.script_message({"role": "assistant", "content": "The env holds a key."})
+    with gateway.client(key=OTHER_TENANT_KEY) as http:
+        response = http.post("/v1/chat/completions", headers={"x-gateway-parent-request": parent_id},
+                             json={"model": "fake", "messages": child, "tools": TOOLS})
+        assert response.status_code == 200, response.text
+    merged = parent + [{"role": "assistant", "content": "delegating"}, call("t1", "read_file", path=".env"),
+                       {"role": "tool", "tool_call_id": "t1", "content": rows},
+                       call("t2", "run_tests"), {"role": "tool", "tool_call_id": "t2", "content": "ok"}]
+    gateway.fake.script_message({"role": "assistant", "content": "noted"})
+    record = send(gateway, merged, key=OTHER_TENANT_KEY)
+    assert "customer 4411" not in json.dumps(gateway.fake.last_body()["messages"])
+    assert record["assembly"]["omissions"]["subagent_private"] == 1

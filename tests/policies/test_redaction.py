@@ -249,3 +249,17 @@ def test_a_result_the_user_names_comes_back_redacted() -> None:
     projection = assemble(policy, messages, records_for_path(message_path("acme", messages), 0.0), 0.0)
     assert projection.decisions[3].action == "rehydrated"
     assert projection.messages[3]["content"] == messages[3]["content"].replace(GITHUB, "[REDACTED:api_key]")
+
+
+def test_structured_content_is_redacted_value_by_value() -> None:
+    """What capture stores for a result sent as parts: every string redacted, the structure (and so
+    its JSON) intact, keys untouched; the very same value back when nothing is found."""
+    parts = [{"type": "text", "text": f"key {OPENAI}"}, {"type": "text", "text": "owner bob@example.com"},
+             {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, {"bob@example.com": 7}]
+    value, counts = Redactor().redact_value(parts)
+    assert value == [{"type": "text", "text": "key [REDACTED:api_key]"}, {"type": "text", "text": "owner [REDACTED:email]"},
+                     parts[2], {"bob@example.com": 7}]
+    assert counts == {"api_key": 1, "email": 1}
+    clean = [{"type": "text", "text": "nothing here"}]
+    assert Redactor().redact_value(clean) == (clean, {}) and Redactor().redact_value(clean)[0] is clean
+    assert Redactor().redact_bytes(b"plain \xff bytes") == (b"plain \xff bytes", {})
