@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -118,7 +118,7 @@ def header_value(request: Request, name: str, limit: int = 256) -> str | None:
 
 
 def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, model: ModelSettings,
-               wire: WireFormat) -> RunStart:
+               wire: WireFormat, redact: Callable[[Any], tuple[Any, Mapping[str, int]]] | None = None) -> RunStart:
     """What the request says about the run: who asks, for which model, in which session."""
     assert principal.tenant is not None
     parent = header_value(request, PARENT_HEADER, 64)
@@ -137,6 +137,7 @@ def _run_start(request: Request, principal: Principal, neutral: NeutralRequest, 
         parent_request_id=parent,
         wire_format=wire.name,
         api_key_id=principal.key_id,
+        redact=redact,
     )
 
 
@@ -277,7 +278,8 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     await services.budgets.check(principal)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)
-    run = _run_start(request, principal, neutral, model, wire)
+    policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
+    run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     if len(raw) > _OFF_LOOP_BYTES:
         path = await run_in_threadpool(message_path, tenant.id, neutral.messages, fast_canonical_json)
     else:
@@ -297,7 +299,6 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             span.set_attributes({"gateway.ingest.messages_captured": len(ingest.new_node_ids),
                                  "gateway.ingest.artifacts_captured": len(ingest.new_artifact_ids)})
         ingest_ms = (time.perf_counter() - started) * 1000
-        policy = services.policies[tenant.id]
         with services.tracing.span("gateway.assembly", {"gateway.policy.name": policy.name,
                                                         "gateway.policy.version": policy.version}) as span:
             projection, records, assembly_ms = await run_in_threadpool(

@@ -125,9 +125,13 @@ class Rehydrator:
             if found is None:
                 return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
             raw = found[0].encode("utf-8", "surrogatepass")
-        if lines is not None:
-            return self._lines(artifact_id, raw, *lines)
-        return self._bounded(artifact_id, raw)
+        # Redacted as its memory was: a secret kept from the model there is not handed over here.
+        # Line breaks survive redaction, so a range names the lines the memory numbered.
+        raw, redacted = self.policy.redaction.redactor.redact_bytes(raw)
+        answer = self._lines(artifact_id, raw, *lines) if lines is not None else self._bounded(artifact_id, raw)
+        if redacted and self.decisions[-1]["action"] == "rehydrated":
+            self.decisions[-1]["redacted"] = dict(redacted)
+        return answer
 
     def _lines(self, artifact_id: str, raw: bytes, first: int, last: int | None) -> str:
         """Lines `first`..`last` of the artifact, numbered as its memory numbers them, within bounds."""

@@ -22,7 +22,7 @@ import heapq
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from policies.memories import (
@@ -302,7 +302,8 @@ class _Assembly:
             arguments = function.get("arguments") or ""
             ref = self.records.argument_refs.get((index, call.get("id")))
             if ref and count_text(arguments, self.encoding) >= self.c.argument_min_tokens:
-                new = compact_arguments(arguments, ref, self.c, min_chars=self.c.max_line_chars)
+                new = compact_arguments(arguments, ref, self.c, min_chars=self.c.max_line_chars,
+                                        redactor=self.policy.redaction.redactor)
                 if len(new) < len(arguments):
                     call = {**call, "function": {**function, "arguments": new}}
                     changed.append(ref)
@@ -376,10 +377,14 @@ class _Assembly:
             shared_key = (self.policy.fingerprint, self.encoding, view, stale, terms)
             found = _RENDERED.get(shared_key)
             if found is None:
-                lines = excerpt(view, self.rule(index), self.c, terms)
-                text = render_memory(view, self.rule(index), self.c, stale, lines=lines)
+                # Redacted before the excerpt is taken: a secret cut in two by a line's clipping
+                # would no longer be recognised.
+                redacted = self.policy.redaction.redactor.redact(view.content)
+                shown = replace(view, content=redacted.text) if redacted.counts else view
+                lines = excerpt(shown, self.rule(index), self.c, terms)
+                text = render_memory(shown, self.rule(index), self.c, stale, lines=lines)
                 found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding),
-                         kept_summary(lines))
+                         kept_summary(lines, redacted.counts))
                 _RENDERED.put(shared_key, found)
             self._memory_cache[key] = found
         return self._memory_cache[key]
@@ -651,7 +656,8 @@ def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dic
             continue  # withheld stays withheld, a memory-only result stays a memory; verbatim is raw already
         if view.tokens > bound.max_tokens or len(view.content.encode("utf-8", "surrogatepass")) > bound.max_bytes:
             continue
-        out[index] = {**out[index], "content": state.messages[index].get("content")}
+        out[index] = {**out[index], "content": state.policy.redaction.redactor.redact_content(
+            state.messages[index].get("content"))}
         decisions[index] = Decision(index, "tool", "rehydrated", "named_by_user", view.artifact_id,
                                     state.tokens[index], state.tokens[index])
 

@@ -14,9 +14,10 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from policies.policy import Compaction, ToolRule
+from policies.redaction import Redactor
 
 _PATH_LIKE = re.compile(r"^[\w.\-~/]+/?$|^[dl-][rwx\-]{9}\s")
 
@@ -359,8 +360,9 @@ def _size_note(view: ArtifactView) -> str:
     return f"{lines} lines, {view.tokens} tokens"
 
 
-def kept_summary(lines: list[Kept]) -> str:
-    """Which artifact lines a memory kept and why, runs of one reason joined: "1-3 head; 24 condition"."""
+def kept_summary(lines: list[Kept], redacted: Mapping[str, int] | None = None) -> str:
+    """Which artifact lines a memory kept and why, runs of one reason joined: "1-3 head; 24 condition";
+    and what was redacted from them: "; redacted email x2"."""
     parts: list[tuple[int, int, str]] = []
     for line in lines:
         if not line.number:
@@ -370,7 +372,10 @@ def kept_summary(lines: list[Kept]) -> str:
             parts[-1] = (parts[-1][0], last, line.why)
         else:
             parts.append((line.number, last, line.why))
-    return "; ".join(f"{a}-{b} {why}" if b > a else f"{a} {why}" for a, b, why in parts)
+    summary = [f"{a}-{b} {why}" if b > a else f"{a} {why}" for a, b, why in parts]
+    if redacted:
+        summary.append("redacted " + ", ".join(f"{kind} x{count}" for kind, count in redacted.items()))
+    return "; ".join(summary)
 
 
 def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note: str | None = None,
@@ -396,7 +401,29 @@ def render_notice(view: ArtifactView, reason: str) -> str:
     )
 
 
-def compact_arguments(arguments: str, artifact_ref: str, c: Compaction, min_chars: int) -> str:
+def _opening(text: str, limit: int, redactor: Redactor | None) -> str:
+    """The first `limit` characters, redacted. A secret that starts before the cut and runs past it is
+    still recognised: redaction looks a bounded way past the cut, far enough for any one-line secret."""
+    if not redactor:
+        return text[:limit]
+    return redactor.redact(text[: limit + _LOOK_PAST]).text[:limit]
+
+
+def _clip_redacted(line: str, limit: int, redactor: Redactor | None) -> str:
+    """`_clip` of the line redacted (the same text as `_clip` when nothing is redacted)."""
+    if not redactor:
+        return _clip(line, limit)
+    window = line[: limit + _LOOK_PAST]
+    shown = redactor.redact(window).text
+    unseen = len(line) - len(window)
+    return _clip(shown, limit) if not unseen else f"{shown[:limit]}...[+{len(shown) - limit + unseen} chars]"
+
+
+_LOOK_PAST = 512
+
+
+def compact_arguments(arguments: str, artifact_ref: str, c: Compaction, min_chars: int,
+                      redactor: Redactor | None = None) -> str:
     """Call arguments with their long string values replaced by a short excerpt.
 
     The result is still a JSON object (providers parse it), its short fields
@@ -407,14 +434,14 @@ def compact_arguments(arguments: str, artifact_ref: str, c: Compaction, min_char
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        head = escape_untrusted(arguments[: c.max_line_chars])
+        head = escape_untrusted(_opening(arguments, c.max_line_chars, redactor))
         return json.dumps({"compacted": f"artifact:{artifact_ref}", "chars": len(arguments), "head": head},
                           ensure_ascii=False)
     out: dict[str, Any] = {}
     for key, item in value.items():
         if isinstance(item, str) and len(item) > min_chars:
             lines = item.split("\n")
-            first = escape_untrusted(_clip(lines[0], 80))
+            first = escape_untrusted(_clip_redacted(lines[0], 80, redactor))
             out[key] = f"[compacted: {len(item)} chars, {len(lines)} lines, starts {first!r}; exact: artifact:{artifact_ref}]"
         else:
             out[key] = item

@@ -12,10 +12,11 @@ import hashlib
 import json
 import re
 from functools import cached_property
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from policies.redaction import BUILTINS, Redactor, pattern_problem
 from policies.validation import field_path
 
 SCHEMA_VERSION = 1
@@ -174,6 +175,38 @@ class Rehydration(_Strict):
     max_rounds: int = Field(3, ge=0)
 
 
+class RedactionPattern(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")  # shown in the marker: [REDACTED:<name>]
+    regex: str  # a group named `secret` narrows what is replaced to that group
+
+    @field_validator("regex")
+    @classmethod
+    def _usable(cls, value: str, info: ValidationInfo) -> str:
+        if problem := pattern_problem(str(info.data.get("name", "")), value):
+            raise ValueError(problem)
+        return value
+
+
+class Redaction(_Strict):
+    """What is redacted from the text the gateway writes for the model (memories, excerpts,
+    rehydration answers). On by default: a forwarded memory should never carry a credential. `stored`
+    redacts the captured artifact too, before it is written (its original's sha256 is kept)."""
+
+    builtins: list[Literal["api_keys", "bearer_tokens", "private_keys", "emails", "card_numbers"]] = Field(
+        default_factory=lambda: list(BUILTINS))
+    patterns: list[RedactionPattern] = Field(default_factory=list)
+    stored: bool = False
+
+    @cached_property
+    def redactor(self) -> Redactor:
+        return Redactor(self.builtins, [(p.name, p.regex) for p in self.patterns])
+
+    @property
+    def on_capture(self) -> Callable[[Any], tuple[Any, Mapping[str, int]]] | None:
+        """What capture applies to a tool result's content before storing it (None: stored as sent)."""
+        return self.redactor.redact_value if self.stored and self.redactor else None
+
+
 class Policy(_Strict):
     schema_version: Literal[1] = 1
     name: str = Field(min_length=1)
@@ -187,6 +220,7 @@ class Policy(_Strict):
     budget: Budget = Budget()
     privacy: Privacy = Privacy()
     rehydration: Rehydration = Rehydration()
+    redaction: Redaction = Redaction()
     tools: list[ToolRule] = Field(default_factory=list)
 
     @cached_property

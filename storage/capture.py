@@ -12,6 +12,7 @@ over, so no request ever ends up pointing at removed rows.
 from __future__ import annotations
 
 import hashlib
+import json
 import zlib
 from datetime import datetime
 from typing import Any, Mapping, Sequence
@@ -88,7 +89,8 @@ _SUBAGENT_RUNS = (
            _CHILD.c.tenant == bindparam("tenant"))
 )
 _SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
-_RESULTS_OF_RUNS = select(_ARTIFACTS.c.sha256, _ARTIFACTS.c.tool_name).where(
+_RESULTS_OF_RUNS = select(  # by the sha256 of the content as sent, which the assembler's views carry
+    func.coalesce(_ARTIFACTS.c.original_sha256, _ARTIFACTS.c.sha256), _ARTIFACTS.c.tool_name).where(
     _ARTIFACTS.c.captured_by_request.in_(bindparam("runs", expanding=True)), _ARTIFACTS.c.tenant == bindparam("tenant"))
 _PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
     select(_RUNS.c.tokens_original, _RUNS.c.leaf_node_id, _RUNS.c.id, _RUNS.c.conversation_id)
@@ -305,7 +307,13 @@ class Capture(StoreBase):
         run: RunStart,
         now: datetime,
     ) -> tuple[dict[str, Any], bytes]:
-        raw, content_type = tool_result_bytes(node.message.get("content"))
+        content = node.message.get("content")
+        original, redacted = None, None
+        if run.redact is not None:  # stored redacted: the artifact is what is stored, the original's hash kept
+            content, redacted = run.redact(content)
+            if redacted:
+                original = hashlib.sha256(tool_result_bytes(node.message.get("content"))[0]).hexdigest()
+        raw, content_type = tool_result_bytes(content)
         text_content = raw.decode("utf-8", "replace")
         call_id = str(node.message.get("tool_call_id") or "")
         call_node_id, call, author = calls.get(call_id, (None, {}, None))
@@ -334,6 +342,8 @@ class Capture(StoreBase):
             "freshness_class": None,
             "captured_by_request": run.request_id,
             "observed_at": now,
+            "original_sha256": original,
+            "redacted_json": json.dumps(dict(redacted), sort_keys=True) if redacted else None,
         }
         if not large and self.encryption.enabled:  # a blob is sealed as it is written (_write_blobs)
             row["content"], row["key_id"] = self.encryption.seal(raw, artifact_aad(digest)), self.encryption.current_id

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from policies.result_facts import BoundedCache
 from storage.canonical import fast_canonical_json
@@ -36,6 +36,9 @@ class RunStart:
     wire_format: str = "openai.chat"
     api_key_id: str | None = None  # the key's id or fingerprint, never the key
     started_at: datetime = field(default_factory=utcnow)
+    # Applied to each new tool result's content before it is stored: (content, {kind: count}).
+    # The policy decides (policies/policy.py, `redaction.stored`); None stores what was sent.
+    redact: Callable[[Any], tuple[Any, Mapping[str, int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class ArtifactRecord:
     captured_by_request: str
     observed_at: datetime
     blob_key: str | None
+    original_sha256: str | None = None
+    redacted: Mapping[str, int] | None = None
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -169,6 +174,8 @@ class ArtifactRecord:
             "captured_by_request": self.captured_by_request,
             "observed_at": self.observed_at.isoformat(),
             "storage": "blob" if self.blob_key else "inline",
+            "redaction": {"original_sha256": self.original_sha256, "redacted": dict(self.redacted or {})}
+            if self.original_sha256 else None,
         }
 
 
@@ -213,6 +220,8 @@ def artifact_from_row(row: ToolArtifact) -> ArtifactRecord:
         captured_by_request=row.captured_by_request,
         observed_at=as_utc(row.observed_at),
         blob_key=row.blob_key,
+        original_sha256=row.original_sha256,
+        redacted=json.loads(row.redacted_json) if row.redacted_json else None,
     )
 
 

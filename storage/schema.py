@@ -132,6 +132,11 @@ class ToolArtifact(Base):
     freshness_class: Mapped[str | None] = mapped_column(String(64))
     captured_by_request: Mapped[str] = mapped_column(ID, index=True)
     observed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Set when the content was redacted before it was stored: `sha256` is then the stored bytes'
+    # (integrity checks read those), this the captured original's, and `redacted_json` what was
+    # replaced ({kind: count}).
+    original_sha256: Mapped[str | None] = mapped_column(String(64))
+    redacted_json: Mapped[str | None] = mapped_column(Text)
 
 
 Index("ix_model_runs_tenant_started", ModelRun.tenant, ModelRun.started_at)

@@ -1,7 +1,7 @@
 """retention: conversations' last activity, the daily savings ledger, tenant purge audit
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-11-30 10:00:00
 
 - `conversations`: one row per conversation with its last activity, which
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
