@@ -174,3 +174,36 @@ def test_a_bucket_gone_while_serving_fails_the_capture_and_forwards_nothing(gate
     record = send(gateway, conversation("Build D."))
     with gateway.client() as http:
         assert http.get(f"/api/artifacts/{record['captured_artifact_ids'][0]}").content == BIG.encode()
+
+
+def test_with_encryption_the_bucket_holds_no_plaintext(fake: FakeUpstream, sqlite_url: str, tmp_path: Path,
+                                                       s3_endpoint: str, s3_bucket: str) -> None:
+    """Encryption at rest covers the bucket as it covers a folder: the objects are envelopes, and the
+    artifact still reads back exactly."""
+    import base64
+    import os
+
+    marker = "S3-MARKER-5e4f-card-holder"
+    blobs = {"backend": "s3", "bucket": s3_bucket, "prefix": "gateway/", "endpoint_url": s3_endpoint,
+             "region": S3_CREDENTIALS["region"], "access_key_id": S3_CREDENTIALS["access_key_id"],
+             "secret_access_key": S3_CREDENTIALS["secret_access_key"]}
+    settings = settings_for(fake.api_base, sqlite_url, tmp_path, storage={
+        "url": sqlite_url, "blobs": blobs, "inline_max_bytes": 1024,
+        "encryption_key": base64.b64encode(os.urandom(32)).decode()})
+    running, server = start_gateway(settings, fake)
+    try:
+        content = f"{marker}\n{BIG}"
+        captured = send(running, [{"role": "user", "content": "Build it."},
+                                  {"role": "assistant", "content": None, "tool_calls": [
+                                      {"id": "c1", "type": "function",
+                                       "function": {"name": "build", "arguments": "{}"}}]},
+                                  {"role": "tool", "tool_call_id": "c1", "content": content}])
+        assert isinstance(running.store.blobs, S3BlobStore)  # capture seals above it (store.sealed_blobs)
+        stored = objects(running.store.blobs)
+        assert list(stored) == [f"gateway/{hashlib.sha256(content.encode()).hexdigest()}"]
+        assert not any(marker.encode() in data or b"build log line" in data for data in stored.values())
+        with running.client() as http:
+            artifact = http.get(f"/api/artifacts/{captured['captured_artifact_ids'][0]}")
+        assert artifact.status_code == 200 and artifact.content == content.encode()
+    finally:
+        server.stop()
