@@ -21,6 +21,7 @@ from gateway.auth import KeyRing, metrics_caller
 from gateway.budgets import Budgets
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
+from gateway.deployments import RoutedUpstream
 from gateway.encodings import use_bundled_encodings
 from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
 from gateway.housekeeping import Housekeeping
@@ -39,7 +40,6 @@ from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import BlobStore, DirectoryBlobStore
 from storage.database import make_engine
-from gateway.deployments import RoutedUpstream
 from storage.encryption import EnvelopeError, UnknownKey
 from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
@@ -47,7 +47,6 @@ from storage.spend import MemorySpendCounters, RedisSpendCounters, SpendCounters
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
-
 
 
 def build_blob_store(settings: Settings) -> BlobStore:

@@ -198,6 +198,11 @@ class TenantSettings(_Strict):
     budget: BudgetSettings = BudgetSettings()
     retention: RetentionClassSettings | None = None  # fields set here override the top-level `retention:`
 
+    @property
+    def allowed_models(self) -> frozenset[str] | None:
+        """The model names this tenant may use (and fall back to); None: every model of the config."""
+        return frozenset(self.models) if self.models is not None else None
+
     @field_validator("api_keys")
     @classmethod
     def _keys_well_formed(cls, keys: list[str]) -> list[str]:

@@ -222,7 +222,7 @@ class RoutedUpstream:
         """A deployment of `name` to try: the Router's pick among those not tried in this request and
         not at their rpm/tpm, else any not at its limits (the same one again, after a backoff)."""
         by_id = {d.id: d for d in candidates}
-        usable = [d for d in candidates if await self._within_limits(d, tokens, count=False)]
+        usable = [d for d in candidates if await self._under_limits(d)]
         if not usable:
             return None
         if len(candidates) == 1 or self._picker is None:
@@ -244,7 +244,7 @@ class RoutedUpstream:
                 # everything in cooldown: another untried one by `order`, else the same again.
                 fresh.sort(key=lambda d: d.entry.litellm_params.get("order", 0))
                 chosen = fresh[0] if fresh else next((d for d in usable if d.id not in cooling), usable[0])
-        await self._within_limits(chosen, tokens, count=True)
+        await self._count(chosen, tokens)
         return chosen
 
     async def _ranked(self, fresh: list[Deployment]) -> Deployment:
@@ -273,21 +273,30 @@ class RoutedUpstream:
         prices = self.prices(deployment.entry.litellm_params)  # cost-based-routing
         return prices.input + prices.output if prices is not None else float("inf")
 
-    async def _within_limits(self, deployment: Deployment, tokens: int, *, count: bool) -> bool:
-        """Whether the deployment is under its rpm and tpm this minute (`count`: and count this call)."""
+    @staticmethod
+    def _limits(deployment: Deployment) -> list[tuple[str, int]]:
         params = deployment.entry.litellm_params
-        if count and self._limiter is not None and self.strategy.startswith("usage-based-routing"):
-            await self._limiter.hit(f"deployment:{deployment.id}:tokens", tokens, _UNLIMITED)
-        if self._limiter is None or ("rpm" not in params and "tpm" not in params):
+        return [(kind, int(params[kind])) for kind in ("rpm", "tpm") if kind in params]
+
+    async def _under_limits(self, deployment: Deployment) -> bool:
+        """Whether the deployment is under its rpm and tpm this minute."""
+        if self._limiter is None:
             return True
-        for kind, limit, amount in (("rpm", params.get("rpm"), 1), ("tpm", params.get("tpm"), tokens)):
-            if limit is None:
-                continue
-            verdict = await self._limiter.hit(f"deployment:{deployment.id}:{kind}", amount if count else 0,
-                                              int(limit))
-            if verdict.remaining <= 0 and not count:
+        for kind, limit in self._limits(deployment):
+            verdict = await self._limiter.hit(f"deployment:{deployment.id}:{kind}", 0, limit)
+            if verdict.remaining <= 0:
                 return False
         return True
+
+    async def _count(self, deployment: Deployment, tokens: int) -> None:
+        """Count a call about to be made against the deployment's rpm and tpm (and, for usage-based
+        routing, its tokens this minute)."""
+        if self._limiter is None:
+            return
+        for kind, limit in self._limits(deployment):
+            await self._limiter.hit(f"deployment:{deployment.id}:{kind}", 1 if kind == "rpm" else tokens, limit)
+        if self.strategy.startswith("usage-based-routing"):
+            await self._limiter.hit(f"deployment:{deployment.id}:tokens", tokens, _UNLIMITED)
 
     def deployments(self, name: str) -> list[Deployment]:
         found = self._deployments.get(name)

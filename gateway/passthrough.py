@@ -7,7 +7,6 @@ goes back as it came. `/v1/completions` streams too.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -71,13 +70,12 @@ async def handle(request: Request, services: Services, kind: str) -> Response:
                    model=checked.model, upstream_model=str(model.litellm_params["model"]),  # type: ignore[attr-defined]
                    stream=stream, session_label=next((label for label in labels if label), None),
                    wire_format=f"openai.{kind}", api_key_id=principal.key_id)
+    recorder = RunRecorder(services.store, services.metrics, run, request.scope, budgets=services.budgets)
     upstream = UpstreamRequest(alias=run.model, litellm_params=model.litellm_params,
                                body={k: v for k, v in body.items() if k not in ("model", "stream")},
                                timeout_seconds=services.settings.server.upstream_timeout_seconds,
-                               request_id=run.request_id,
-                               models_allowed=frozenset(tenant.models) if tenant.models is not None else None)
-    recorder = RunRecorder(services.store, services.metrics, run, request.scope, budgets=services.budgets)
-    upstream = replace(upstream, attempts=recorder.attempts)
+                               request_id=run.request_id, models_allowed=tenant.allowed_models,
+                               attempts=recorder.attempts)
     async with recorder:
         await recorder.open()
         recorder.accounting = Accounting(prices=services.upstream.prices(model.litellm_params), tokens_original=0,

@@ -325,7 +325,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         }
         conversation = _conversation(services, run, request, neutral, wire, model, policy, projection, records,
                                      assembly, ingest.previous_leaf_position, recorder.attempts,
-                                     frozenset(tenant.models) if tenant.models is not None else None)
+                                     tenant.allowed_models)
         recorder.forwarding()
         if neutral.stream:
             return await _stream(services, wire, neutral, conversation, recorder, headers)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.auth import KeyRing
-from gateway.deployments import RoutedUpstream
 from gateway.config import ConfigError, Settings, load_settings, tenant_policies
+from gateway.deployments import RoutedUpstream
 from gateway.services import Services
 from gateway.sessions import SessionSigner
 from policies.presets import PRESET_NAMES
