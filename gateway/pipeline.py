@@ -43,7 +43,6 @@ from gateway.wire.json_body import check_text
 from policies.assembler import Projection, Records
 from policies.policy import Policy
 from policies.transcript import message_path
-from storage.canonical import fast_canonical_json
 from storage.record_types import AssemblyRecord, RunStart, UnknownParentRequest, UnstorableValue
 
 SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id", "x-claude-code-session-id")
@@ -281,9 +280,9 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
     run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     if len(raw) > _OFF_LOOP_BYTES:
-        path = await run_in_threadpool(message_path, tenant.id, neutral.messages, fast_canonical_json)
+        path = await run_in_threadpool(message_path, tenant.id, neutral.messages, ids=services.node_ids)
     else:
-        path = message_path(tenant.id, neutral.messages, fast_canonical_json)
+        path = message_path(tenant.id, neutral.messages, ids=services.node_ids)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
                            services.budgets)
     async with recorder:

@@ -15,6 +15,7 @@ from gateway.config import Settings
 from gateway.tracing import OFF, Tracing
 from gateway.upstream import UpstreamClient
 from policies.policy import Policy
+from storage.canonical import NodeIds
 from storage.ratelimit import RateLimiter
 from storage.records import RecordStore
 
@@ -32,6 +33,7 @@ class Services:
     limiter: RateLimiter
     budgets: Budgets
     recent_assemblies: RecentAssemblies = field(default_factory=RecentAssemblies)
+    node_ids: NodeIds = field(default_factory=NodeIds)  # node ids of messages seen before, by their exact JSON
     tracing: Tracing = OFF  # spans of model requests (gateway/tracing.py)
 
 

@@ -72,12 +72,16 @@ class PathNode:
     message: Mapping[str, Any]
 
 
+NodeIdOf = Callable[[str, "str | None", Mapping[str, Any]], str]  # (tenant, parent, message) -> node id
+
+
 def message_path(tenant: str, messages: Iterable[Mapping[str, Any]],
-                 canonical: Canonical = canonical_json) -> list[PathNode]:
+                 canonical: Canonical = canonical_json, *, ids: NodeIdOf | None = None) -> list[PathNode]:
+    """The request's messages placed in the tenant's tree (`ids`: a faster `node_id` with `canonical`)."""
     path: list[PathNode] = []
     parent: str | None = None
     for position, message in enumerate(messages):
-        nid = node_id(tenant, parent, message, canonical)
+        nid = ids(tenant, parent, message) if ids is not None else node_id(tenant, parent, message, canonical)
         path.append(PathNode(id=nid, parent_id=parent, position=position, message=message))
         parent = nid
     return path

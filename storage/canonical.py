@@ -8,12 +8,15 @@ either goes to `canonical_json` itself, so node ids never depend on which ran.
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
-from typing import Any
+import threading
+from typing import Any, Mapping
 
 import orjson
 
-from policies.transcript import canonical_json
+from policies.transcript import canonical_json, node_id
 
 _MAX_DEPTH = 64  # deeper than any message a client sends: `canonical_json` decides
 
@@ -52,3 +55,38 @@ def compact_json(value: Any) -> str:
         except TypeError:
             pass
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class NodeIds:
+    """`node_id(tenant, parent, message, fast_canonical_json)`, remembered by a digest of the message's exact
+    JSON: an agent resends its whole transcript every turn, and a message seen before is placed again
+    without being canonicalised again.
+
+    The key is exact: orjson writes `1`, `1.0` and `true` apart, so two messages with the same bytes are
+    the same JSON value and have the same canonical form. A message orjson refuses (lone surrogates,
+    integers past 64 bits) is not remembered. At most `limit` ids are kept; past that the oldest
+    quarter goes.
+    """
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self.limit = limit
+        self._ids: dict[tuple[str, str | None, bytes], str] = {}
+        self._adding = threading.Lock()
+
+    def __call__(self, tenant: str, parent: str | None, message: Mapping[str, Any]) -> str:
+        try:
+            key = (tenant, parent, hashlib.blake2b(orjson.dumps(message), digest_size=16).digest())
+        except TypeError:
+            return node_id(tenant, parent, message, fast_canonical_json)
+        found = self._ids.get(key)
+        if found is None:
+            found = node_id(tenant, parent, message, fast_canonical_json)
+            with self._adding:
+                self._ids[key] = found
+                if len(self._ids) > self.limit:
+                    for old in list(itertools.islice(self._ids, len(self._ids) // 4)):
+                        del self._ids[old]
+        return found
+
+    def __len__(self) -> int:
+        return len(self._ids)

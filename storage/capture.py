@@ -98,6 +98,21 @@ _PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
     .order_by(_RUNS.c.started_at.desc()).limit(1)
 )
 _INSERT_RUN = insert(_RUNS)
+# How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
+_KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
+_FINISH_RUN = (
+    update(_RUNS)
+    .where(_RUNS.c.id == bindparam("request_id"), _RUNS.c.status.in_(("pending", "interrupted")))
+    .values({
+        **{name: bindparam(name) for name in (
+            "status", "latency_ms", "http_status", "error_type", "error_message", "prompt_tokens",
+            "completion_tokens", "cached_tokens", "total_tokens", "cost_usd", "cost_original_usd",
+            "tokens_original", "tokens_forwarded", "cache_write_tokens", "finish_reason", "response_json",
+            "finished_at")},
+        **{name: func.coalesce(bindparam(name, type_=_RUNS.c[name].type), _RUNS.c[name]) for name in _KEPT_UNLESS_GIVEN},
+    })
+    .returning(_RUNS.c.tenant, _RUNS.c.conversation_id)
+)
 _INSERT_ASSEMBLY = insert(ContextAssembly.__table__)
 
 # call id -> (assistant node, call, author): a result belongs to whoever made the call
@@ -405,6 +420,7 @@ class Capture(StoreBase):
     ) -> None:
         """Record how a run ended. Once only; but a real outcome replaces `interrupted` (a guess)."""
         values: dict[str, Any] = {
+            "request_id": request_id,
             "status": outcome.status,
             "latency_ms": outcome.latency_ms,
             "http_status": outcome.http_status,
@@ -422,18 +438,12 @@ class Capture(StoreBase):
             "finish_reason": outcome.finish_reason,
             "response_json": fast_canonical_json(outcome.response) if outcome.response else None,
             "finished_at": self._now(),
+            "deployment": outcome.deployment,
+            "upstream_model": outcome.upstream_model,
+            "attempts_json": fast_canonical_json(list(outcome.attempts)) if len(outcome.attempts) > 1 else None,
         }
-        if outcome.deployment is not None:
-            values["deployment"] = outcome.deployment
-        if outcome.upstream_model is not None:
-            values["upstream_model"] = outcome.upstream_model
-        if len(outcome.attempts) > 1:
-            values["attempts_json"] = fast_canonical_json(list(outcome.attempts))
         with self._writing, self.engine.begin() as connection:
-            finished = connection.execute(
-                update(_RUNS).where(_RUNS.c.id == request_id, _RUNS.c.status.in_(("pending", "interrupted")))
-                .values(**values).returning(_RUNS.c.tenant, _RUNS.c.conversation_id)
-            ).first()
+            finished = connection.execute(_FINISH_RUN, values).first()
             if assembly is not None and finished is not None:
                 tenant, conversation = finished
                 self._store_replaced(connection, tenant, conversation or request_id, assembly)

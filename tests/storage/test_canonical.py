@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.canonical import compact_json, fast_canonical_json
+from storage.canonical import NodeIds, compact_json, fast_canonical_json
 from policies.transcript import canonical_json, message_path
 
 _SCALARS = st.one_of(
@@ -49,3 +49,36 @@ def test_compact_json_refuses_what_json_refuses() -> None:
     import pytest
     with pytest.raises(ValueError):
         compact_json({"x": float("nan")})
+
+
+_MESSAGES = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool"]), "content": _VALUES},
+    optional={"tool_call_id": st.sampled_from(["c1", "c2"]), "name": st.text(max_size=4)}), min_size=1, max_size=6)
+
+
+@given(st.lists(_MESSAGES, min_size=1, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_remembered_node_ids_are_the_computed_ones(transcripts: list[list[dict]]) -> None:
+    """Whatever was seen before, in whatever order, a remembered id is the id `node_id` computes."""
+    ids = NodeIds(limit=8)  # small, so trimming happens too
+    for messages in [*transcripts, *transcripts]:
+        assert message_path("acme", messages, ids=ids) == message_path("acme", messages)
+        assert len(ids) <= 8
+
+
+def test_values_equal_in_python_but_not_in_json_get_their_own_ids() -> None:
+    """`1 == 1.0 == True` in Python; as JSON they are different messages, with different ids."""
+    ids = NodeIds()
+    variants = [{"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "x", "n": n}]}
+                for n in (1, 1.0, True)]
+    seen = [message_path("acme", [m], ids=ids)[0].id for m in variants]
+    assert seen == [message_path("acme", [m])[0].id for m in variants]
+    assert len(set(seen)) == 3
+
+
+def test_ids_depend_on_tenant_and_parent_whatever_is_remembered() -> None:
+    ids = NodeIds()
+    messages = [{"role": "user", "content": "same"}, {"role": "user", "content": "same"}]
+    ours, theirs = message_path("acme", messages, ids=ids), message_path("globex", messages, ids=ids)
+    assert ours[0].id != theirs[0].id and ours[0].id != ours[1].id
+    assert ours == message_path("acme", messages) and theirs == message_path("globex", messages)
