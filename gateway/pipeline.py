@@ -43,7 +43,7 @@ from gateway.wire.json_body import check_text
 from policies.assembler import Projection, Records
 from policies.policy import Policy
 from policies.transcript import message_path
-from storage.record_types import AssemblyRecord, RunStart, UnknownParentRequest, UnstorableValue
+from storage.record_types import AssemblyRecord, IngestResult, RunStart, UnknownParentRequest, UnstorableValue
 
 SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id", "x-claude-code-session-id")
 PARENT_HEADER = "x-gateway-parent-request"
@@ -212,6 +212,35 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
     return ends
 
 
+def _capture_and_project(services: Services, recorder: RunRecorder, policy: Policy, model: ModelSettings,
+                         tenant: str, neutral: NeutralRequest
+                         ) -> tuple[IngestResult, Projection, Records, AssemblyRecord]:
+    """The request's path in the tenant's tree, captured (the run opens), and its projection with the
+    record of its assembly; on a worker thread, in one trip."""
+    run = recorder.start
+    path = message_path(tenant, neutral.messages, ids=services.node_ids)
+    started = time.perf_counter()
+    with services.tracing.span("gateway.ingest", {"gateway.ingest.messages": len(path)}) as span:
+        try:
+            ingest = recorder.ingest_here(path)
+        except UnknownParentRequest as exc:
+            raise InvalidRequest(f"header {PARENT_HEADER}: no request '{run.parent_request_id}' of this tenant",
+                                 param=PARENT_HEADER, code="invalid_header") from exc
+        except UnstorableValue as exc:
+            raise InvalidRequest(f"a value in the request cannot be stored: {exc}", code="invalid_value") from exc
+        span.set_attributes({"gateway.ingest.messages_captured": len(ingest.new_node_ids),
+                             "gateway.ingest.artifacts_captured": len(ingest.new_artifact_ids)})
+    ingest_ms = (time.perf_counter() - started) * 1000
+    with services.tracing.span("gateway.assembly", {"gateway.policy.name": policy.name,
+                                                    "gateway.policy.version": policy.version}) as span:
+        projection, records, assembly_ms = project(policy, model, path, ingest, services.clock(), run.participant)
+        if span.is_recording():
+            span.set_attributes(assembly_attributes(path, projection))
+    timings = {"ingest": round(ingest_ms, 3), "assemble": round(assembly_ms, 3)}
+    record = assembly_record(projection, timings, run.parent_request_id, [n.message for n in path])
+    return ingest, projection, records, record
+
+
 async def _parse(wire: WireFormat, raw: bytes) -> NeutralRequest:
     if len(raw) > _OFF_LOOP_BYTES:
         return await run_in_threadpool(wire.parse, raw)
@@ -279,42 +308,19 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         neutral = await continued(services, tenant.id, neutral)
     policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
     run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
-    if len(raw) > _OFF_LOOP_BYTES:
-        path = await run_in_threadpool(message_path, tenant.id, neutral.messages, ids=services.node_ids)
-    else:
-        path = message_path(tenant.id, neutral.messages, ids=services.node_ids)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
                            services.budgets)
     async with recorder:
-        started = time.perf_counter()
-        with services.tracing.span("gateway.ingest", {"gateway.ingest.messages": len(path)}) as span:
-            try:
-                ingest = await recorder.ingest(path)
-            except UnknownParentRequest as exc:
-                raise InvalidRequest(f"header {PARENT_HEADER}: no request '{run.parent_request_id}' of this tenant",
-                                     param=PARENT_HEADER, code="invalid_header") from exc
-            except UnstorableValue as exc:
-                raise InvalidRequest(f"a value in the request cannot be stored: {exc}", code="invalid_value") from exc
-            span.set_attributes({"gateway.ingest.messages_captured": len(ingest.new_node_ids),
-                                 "gateway.ingest.artifacts_captured": len(ingest.new_artifact_ids)})
-        ingest_ms = (time.perf_counter() - started) * 1000
-        with services.tracing.span("gateway.assembly", {"gateway.policy.name": policy.name,
-                                                        "gateway.policy.version": policy.version}) as span:
-            projection, records, assembly_ms = await run_in_threadpool(
-                project, policy, model, path, ingest, services.clock(), run.participant
-            )
-            if span.is_recording():
-                span.set_attributes(assembly_attributes(path, projection))
+        # One trip to a worker thread: placing the messages, capturing them, assembling the projection.
+        ingest, projection, records, record = await run_in_threadpool(
+            _capture_and_project, services, recorder, policy, model, tenant.id, neutral)
         recorder.accounting = Accounting(
             prices=services.upstream.prices(model.litellm_params),
             tokens_original=projection.tokens_original,
             tokens_forwarded=projection.tokens_forwarded,
             previous_original=ingest.previous_original_tokens,
         )
-        timings = {"ingest": round(ingest_ms, 3), "assemble": round(assembly_ms, 3)}
-        assembly = services.recent_assemblies.based(
-            assembly_record(projection, timings, run.parent_request_id, [n.message for n in path]),
-            ingest.previous_request_id)
+        assembly = services.recent_assemblies.based(record, ingest.previous_request_id)
         recorder.assembly = assembly
         rate_headers |= await check_limits(services, principal, "tokens", projection.tokens_forwarded)
         headers = {

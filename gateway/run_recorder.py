@@ -84,7 +84,11 @@ class RunRecorder:
 
     async def ingest(self, path: Sequence[PathNode]) -> IngestResult:
         """Capture the request and open its run (durably, before anything is forwarded)."""
-        result = await run_in_threadpool(self.store.ingest, path, self.start)
+        return await run_in_threadpool(self.ingest_here, path)
+
+    def ingest_here(self, path: Sequence[PathNode]) -> IngestResult:
+        """`ingest` on the calling thread (a worker thread: it waits for the store)."""
+        result = self.store.ingest(path, self.start)
         self.opened = True
         return result
 
