@@ -25,7 +25,9 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # Unknown fields are the client's to send: the body goes on as sent, so the models only check
+    # (and do not keep copies of what they do not name).
+    model_config = ConfigDict(extra="ignore")
 
 
 class _Function(_Open):
