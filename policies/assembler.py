@@ -404,8 +404,7 @@ class _Assembly:
         earlier, exact = self.duplicate[index]
         view, first = self.records.artifacts[index], self.records.artifacts[earlier]
         same = "the same output" if exact else "the same output apart from timestamps and timings"
-        text = (f"[duplicate tool result artifact:{view.artifact_id}: {same} as artifact:{first.artifact_id} "
-                f"({first.tool_name or 'tool'}, {view.content.count(chr(10)) + 1} lines)]")
+        text = f"[duplicate tool result artifact:{view.artifact_id}: {same} as artifact:{first.artifact_id}]"
         return text, message_tokens({**self.messages[index], "content": text}, self.encoding)
 
     def compact_form(self, index: int) -> tuple[str, int, str]:
