@@ -43,15 +43,16 @@ def _add(into: dict[str, Any], row: dict[str, Any]) -> None:
 
 def _finish(entry: dict[str, Any]) -> dict[str, Any]:
     saved_tokens = entry["tokens_sent"] - entry["tokens_forwarded"]
-    saved_usd = entry["cost_original_usd"] - entry["cost_usd"]
+    cost, original = round(entry["cost_usd"], 6), round(entry["cost_original_usd"], 6)
+    saved_usd = original - cost  # of the figures shown, so that they add up
     return {
         **entry,
-        "cost_usd": round(entry["cost_usd"], 6),
-        "cost_original_usd": round(entry["cost_original_usd"], 6),
+        "cost_usd": cost,
+        "cost_original_usd": original,
         "tokens_saved": saved_tokens,
         "tokens_saved_share": round(saved_tokens / entry["tokens_sent"], 4) if entry["tokens_sent"] else 0.0,
         "saved_usd": round(saved_usd, 6),
-        "saved_share": round(saved_usd / entry["cost_original_usd"], 4) if entry["cost_original_usd"] else 0.0,
+        "saved_share": round(saved_usd / original, 4) if original else 0.0,
     }
 
 

@@ -23,7 +23,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from policies.memories import (
     ArtifactView, compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of,
@@ -129,6 +129,17 @@ class _Window:
 
 
 @dataclass(frozen=True)
+class _Epochs:
+    boundary: int  # rounds up to this one are behind the boundary
+    epoch_round: int  # the round count at which the boundary last moved
+    as_of: dict[int, int]  # compacted round -> the round count it is rendered as of
+    pinned: frozenset[int]  # messages behind the boundary that a move left verbatim
+
+
+_START_CANDIDATES = 64  # where a move may start: the first this many messages of the window that save
+
+
+@dataclass(frozen=True)
 class _Round:
     assistant: int
     tools: tuple[int, ...]
@@ -182,6 +193,7 @@ class _Assembly:
         self._index_duplicates()
         self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
         self._arguments: dict[int, tuple[dict[str, Any], str, int] | None] = {}
+        self._assistants: list[int] | None = None  # assistant messages before each index
 
     # -- facts about one tool message, as of a snapshot (rounds <= upto) ---------
 
@@ -404,8 +416,7 @@ class _Assembly:
         earlier, exact = self.duplicate[index]
         view, first = self.records.artifacts[index], self.records.artifacts[earlier]
         same = "the same output" if exact else "the same output apart from timestamps and timings"
-        text = (f"[duplicate tool result artifact:{view.artifact_id}: {same} as artifact:{first.artifact_id} "
-                f"({first.tool_name or 'tool'}, {view.content.count(chr(10)) + 1} lines)]")
+        text = f"[duplicate tool result artifact:{view.artifact_id}: {same} as artifact:{first.artifact_id}]"
         return text, message_tokens({**self.messages[index], "content": text}, self.encoding)
 
     def compact_form(self, index: int) -> tuple[str, int, str]:
@@ -444,21 +455,33 @@ class _Assembly:
 
     # -- epochs ---------------------------------------------------------------
 
-    def _pays(self, saving: int, resent: int, rounds_so_far: int) -> bool:
-        """Whether reading `saving` fewer tokens on later turns outweighs re-sending `resent` once."""
+    def _requests_before(self, t: int) -> int:
+        """Requests the client made up to round `t`'s assistant message: one per assistant message."""
+        if self._assistants is None:
+            self._assistants = [0]
+            for message in self.messages:
+                self._assistants.append(self._assistants[-1] + (message.get("role") == "assistant"))
+        return self._assistants[self.rounds[t - 1].assistant + 1]
+
+    def _pays(self, saving: int, resent: int, t: int) -> bool:
+        """Whether reading `saving` fewer tokens on later turns outweighs re-sending `resent` once, at the
+        request that follows round `t`: later turns are taken to number `horizon` times the requests so
+        far (one per assistant message; a conversation with user turns between rounds has more of them)."""
         c = self.c
-        later_turns = c.horizon * rounds_so_far
+        later_turns = c.horizon * self._requests_before(t)
         return saving * c.cache_read_price * later_turns >= resent * (c.cache_write_price - c.cache_read_price)
 
-    def epochs(self) -> tuple[int, int, dict[int, int]]:
-        """(boundary, epoch_round, rendered_as_of).
+    def epochs(self) -> _Epochs:
+        """Where the boundary is, since which round, as of which round each compacted round is
+        rendered, and which messages behind it stay verbatim.
 
         Replays the conversation's history of requests, one per completed round t:
         the boundary moves past rounds that left the verbatim window when the
         un-compacted tail is past `trigger_tokens` and the move pays for itself
         (it saves at least `clear_at_least_tokens`, and what it saves on later
-        turns outweighs what it makes the provider read afresh). A compacted
-        round is rendered as of the round count in `rendered_as_of`; it is
+        turns outweighs what it makes the provider read afresh: see `_best_start`,
+        which also says where in the window the move starts). A compacted
+        round is rendered as of the round count in `as_of`; it is
         re-rendered with later knowledge (a retry resolving its failure) only
         when that refresh pays for itself too.
         Between moves every rendering is unchanged, so each request extends the
@@ -484,9 +507,25 @@ class _Assembly:
         changes_at: dict[int, list[int]] = {}  # round -> results whose saving it changes
         for earlier, later in (*self.superseder.items(), *self.retried_at.items()):
             changes_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
+        superseded_at: dict[int, list[int]] = {}  # round -> results a result of that round supersedes
+        for earlier, later in self.superseder.items():
+            superseded_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
         window = _Window(upto=0)
+        pinned: set[int] = set()  # messages a move left verbatim for good: compacting them never paid
+
+        def forced_break(t: int, eligible: int, previous_end: int) -> int:
+            """The first message that changes at round `t` whatever the boundary does (superseded now)."""
+            return min((i for i in superseded_at.get(t, ()) if self.round_of.get(i, 0) <= eligible),
+                       default=previous_end + 1)
+
+        def move_saving(i: int, t: int) -> int:
+            """What compacting result `i` saves at round `t`; a superseded one is a notice at any boundary."""
+            return 0 if self.superseded_by(i, t) else self.saving(i, t)
+
         for t in range(1, len(self.rounds) + 1):
-            previous_end = self.rounds[t - 2].end if t >= 2 else -1
+            # the previous request ended just before round t's assistant message: the rounds before it
+            # and whatever prose and user turns followed them
+            previous_end = self.rounds[t - 1].assistant - 1
             # 1. refresh what is compacted already, if newer knowledge saves enough
             gains = {}
             for i in retries.get(t, ()):
@@ -500,7 +539,7 @@ class _Assembly:
                 first = min(gains)
                 resent = span(first, previous_end) - sum(
                     self.saving(i, t) for i in range(first, previous_end + 1)
-                    if i in self.records.artifacts and self.round_of.get(i, 0) <= boundary
+                    if i in self.records.artifacts and self.round_of.get(i, 0) <= boundary and i not in pinned
                 )
                 if self._pays(sum(gains.values()), max(0, resent), t):
                     refreshed = t
@@ -513,26 +552,55 @@ class _Assembly:
             # supersede or retry them (the only facts that change a saving as t grows).
             for rnd in self.rounds[window.upto:eligible]:
                 for i in rnd.tools:
-                    window.put(i, self.saving(i, t))
+                    window.put(i, move_saving(i, t))
                 window.put(rnd.assistant, self.argument_saving(rnd.assistant))
             window.upto = eligible
             for i in changes_at.get(t, ()):
                 if i in window.values:
-                    window.put(i, self.saving(i, t))
+                    window.put(i, move_saving(i, t))
             tail = span(self.rounds[boundary].assistant, self.rounds[t - 1].end)
             if tail < self.c.trigger_tokens:
                 continue
-            saving, first = window.total, window.first()
-            # Round t is new to the provider either way; the move makes it read
-            # afresh what follows the first message it changes, up to round t-1.
-            resent = span(first, previous_end) - saving if first is not None else 0
-            if saving >= max(1, self.c.clear_at_least_tokens) and self._pays(saving, resent, t):
+            if window.first() is None:
+                continue
+            start = self._best_start(window, span, forced_break(t, eligible, previous_end), t)
+            if start is not None:
+                pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
                 for number in range(boundary + 1, eligible + 1):
                     compacted_at[number] = t
                 boundary, epoch_round = eligible, t
                 window = _Window(upto=eligible)
         as_of = {number: max(t, refreshed) for number, t in compacted_at.items()}
-        return boundary, epoch_round, as_of
+        return _Epochs(boundary, epoch_round, as_of, frozenset(pinned))
+
+    def _best_start(self, window: _Window, span: Callable[[int, int], int], forced: int, t: int) -> int | None:
+        """Where a move at round `t` should start compacting (None: no move pays).
+
+        A move compacts the window's messages from its start on; the provider reads afresh
+        what follows the start, up to `forced` (a message that changes now whatever the boundary
+        does: from there on the move only makes it read less). Starting later leaves the
+        messages before the start verbatim for good, and pays when what they would save is
+        small next to what breaking the prefix there costs (a short call argument early in a
+        long round, say). A move pays when what it saves on later requests, taken to number
+        `horizon` times the requests so far, outweighs what it makes the provider read afresh."""
+        c = self.c
+        items = sorted((i, v) for i, v in window.values.items() if v > 0)[:_START_CANDIDATES]
+        so_far = self._requests_before(t)
+        past_forced = sum(v for i, v in window.values.items() if i >= forced)
+        rewrite = c.cache_write_price - c.cache_read_price
+        best, best_value = None, 0.0
+        after = window.total  # what the move saves when it starts at the candidate
+        for i, v in items:
+            if i >= forced:
+                resent, enough = 0, 1
+            else:
+                resent = max(0, span(i, forced - 1) - (after - past_forced))
+                enough = max(1, c.clear_at_least_tokens)
+            value = after * c.cache_read_price * c.horizon * so_far - resent * rewrite
+            if after >= enough and value >= 0 and (best is None or value > best_value):
+                best, best_value = i, value
+            after -= v
+        return best
 
 
 def assemble(
@@ -550,7 +618,8 @@ def assemble(
     out: list[dict[str, Any]] = [dict(m) for m in messages]
     decisions: dict[int, Decision] = {}
     omissions: Counter[str] = Counter()
-    boundary, epoch_round, as_of = state.epochs() if policy.enabled else (0, 0, {})
+    epochs = state.epochs() if policy.enabled else _Epochs(0, 0, {}, frozenset())
+    boundary, epoch_round, as_of = epochs.boundary, epochs.epoch_round, epochs.as_of
     latest = {i for rnd in state.rounds[-policy.compaction.keep_recent_rounds :] for i in (rnd.assistant, *rnd.tools)}
     trailing = set()  # the results the model is answering now: never marked stale
     for index in range(len(messages) - 1, -1, -1):
@@ -600,14 +669,15 @@ def assemble(
             text, _ = state.memory(index, stale)
             decide(index, "stale", "stale", text, view.artifact_id, state.kept(index, stale))
             continue
-        if in_epoch and state.saving(index, snapshot) > 0:
+        if in_epoch and index not in epochs.pinned and state.saving(index, snapshot) > 0:
             text, _, form = state.compact_form(index)
             decide(index, "compacted", f"epoch:{epoch_round}" if form == "memory" else form, text, view.artifact_id,
                    state.kept(index) if form == "memory" else "")
 
     if policy.enabled:
         for rnd in state.rounds[:boundary]:
-            _compact_call_arguments(state, rnd.assistant, out, decisions)
+            if rnd.assistant not in epochs.pinned:
+                _compact_call_arguments(state, rnd.assistant, out, decisions)
         _rehydrate_named(state, out, decisions)
     projection_messages = out
     if policy.budget.max_prompt_tokens is not None:

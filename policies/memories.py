@@ -37,6 +37,9 @@ class ArtifactView:
     owner_participant: str = ""
 
 
+NONCE_CHARS = 4  # the fence's tag: markers inside the text are escaped, so it cannot be closed early anyway
+
+
 def escape_untrusted(text: str) -> str:
     """Neutralise fence markers inside lifted text."""
     return text.replace("<<<", "<<\\<").replace(">>>", ">>\\>")
@@ -51,9 +54,12 @@ def _clip(line: str, limit: int) -> str:
 _LETTER = re.compile(r"[^\W\d_]")
 
 
+_PROGRESS_HEADER = re.compile(r"^% Total\s+% Received|^Dload\s+Upload\s+Total")  # curl's progress meter
+
+
 def _is_noise(line: str) -> bool:
     """Progress bars, rulers and tables of numbers: lines with almost no words."""
-    return len(line) >= 12 and len(_LETTER.findall(line)) < 0.25 * len(line)
+    return len(line) >= 12 and len(_LETTER.findall(line)) < 0.25 * len(line) or bool(_PROGRESS_HEADER.match(line))
 
 
 @dataclass(frozen=True)
@@ -177,10 +183,12 @@ def _take(lines: list[_Line], budget: int, limit: int) -> list[_Line]:
     return out
 
 
-def _salient(middle: list[_Line], salience: Salience, budget: int, limit: int) -> dict[int, tuple[str, str]]:
+def _salient(middle: list[_Line], salience: Salience, budget: int, limit: int,
+             context: bool = True) -> dict[int, tuple[str, str]]:
     """Positions in `middle` worth keeping, with why and the text kept: the heaviest lines first, each
     cut to a window around what made it count, with the line before it where it reads as a
-    continuation; the first line is kept even if the budget is smaller than it."""
+    continuation (`context`: lines of prose, not a JSON value's leaves, each whole in itself); the
+    first line is kept even if the budget is smaller than it."""
     scored = []
     for position, line in enumerate(middle):
         weight, why, at = salience.reasons(line.text)
@@ -195,7 +203,7 @@ def _salient(middle: list[_Line], salience: Salience, budget: int, limit: int) -
         text = _window(middle[position].text, at, limit if not chosen else min(limit, max(room, 60)))
         want = [(position, why, text)]
         previous = position - 1
-        if previous >= 0 and previous not in chosen and _CONTINUATION.match(middle[position].text):
+        if context and previous >= 0 and previous not in chosen and _CONTINUATION.match(middle[position].text):
             context = middle[previous].text
             want.insert(0, (previous, "context", _window(context, len(context), min(limit, 60))))
         cost = sum(len(t) + 8 for p, _, t in want if p not in chosen)
@@ -207,7 +215,7 @@ def _salient(middle: list[_Line], salience: Salience, budget: int, limit: int) -
     return chosen
 
 
-def _text_excerpt(text: str, c: Compaction, salience: Salience = Salience()) -> list[Kept]:
+def _text_excerpt(text: str, c: Compaction, salience: Salience = Salience(), window: int | None = None) -> list[Kept]:
     """The opening and the end of a text by character budget, and between them the lines that carry
     a decision (conditions, negations, errors, status fields, what the conversation mentioned), each
     with its line number; the gaps say which lines they leave out."""
@@ -217,7 +225,7 @@ def _text_excerpt(text: str, c: Compaction, salience: Salience = Salience()) -> 
     rest = lines[len(head):]
     tail = _take(rest[::-1], c.tail_chars, c.max_line_chars)[::-1] if rest else []
     middle = rest[: len(rest) - len(tail)]
-    picked = _salient(middle, salience, c.salient_chars, c.max_line_chars) if middle else {}
+    picked = _salient(middle, salience, c.salient_chars, window or c.max_line_chars) if middle else {}
     kept = [(line, "head", _clip(line.text, c.max_line_chars)) for line in head]
     kept += [(middle[p], why, shown) for p, (why, shown) in sorted(picked.items())]
     kept += [(line, "tail", _clip(line.text, c.max_line_chars)) for line in tail]
@@ -239,12 +247,18 @@ def _skipped(lines: list[_Line], after: int, before: int) -> bool:
     return any(after < line.number < before for line in lines)
 
 
+_BARE_KEY = re.compile(r"^[\w.\-]{1,40}$")
+_BARE_VALUE = re.compile(r"^[\w@.+\-:/ ]{1,40}$")
+
+
 def _json_outline(value: Any, depth: int, width: int) -> str:
+    """A JSON value's shape and first values, short: simple keys and strings unquoted, nesting past
+    two levels counted, lists shown by their first item."""
     if isinstance(value, dict):
         if depth >= 2:
             return f"{{{len(value)} keys}}"
-        parts = [f"{json.dumps(k, ensure_ascii=False)}: {_json_outline(v, depth + 1, width)}"
-                 for k, v in list(value.items())[:16]]
+        parts = [f"{k if _BARE_KEY.match(k) else json.dumps(k, ensure_ascii=False)}: "
+                 f"{_json_outline(v, depth + 1, width)}" for k, v in list(value.items())[:16]]
         more = f", ...{len(value) - 16} more keys" if len(value) > 16 else ""
         return "{" + ", ".join(parts) + more + "}"
     if isinstance(value, list):
@@ -254,11 +268,29 @@ def _json_outline(value: Any, depth: int, width: int) -> str:
             return f"[{len(value)} items]"
         first = _json_outline(value[0], depth + 1, width)
         return f"[{len(value)} items; first: {first}]" if len(value) > 1 else f"[{first}]"
+    if isinstance(value, str) and _BARE_VALUE.match(value) and value == value.strip():
+        return value
     rendered = json.dumps(value, ensure_ascii=False)
     return rendered if len(rendered) <= width else rendered[:width] + '..."'
 
 
-def _json_excerpt(text: str, c: Compaction, salience: Salience = Salience()) -> list[Kept] | None:
+def _fit(outline: str, budget: int, limit: int) -> str:
+    """The outline cut after the last whole entry that fits `budget` characters (at least the first
+    entry, up to `limit` characters), the cut marked."""
+    if len(outline) <= budget:
+        return outline
+    cut = outline.rfind(", ", 0, max(budget - 5, 0))
+    if cut <= 0:
+        cut = outline.find(", ")
+        if cut <= 0 or cut > limit:
+            cut = outline.rfind(" ", 0, limit)
+            if cut <= 0:
+                return _clip(outline, limit)
+    return outline[:cut] + ", ..."
+
+
+def _json_excerpt(text: str, c: Compaction, salience: Salience = Salience(),
+                  window: int | None = None) -> list[Kept] | None:
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{":
         return None
@@ -266,12 +298,11 @@ def _json_excerpt(text: str, c: Compaction, salience: Salience = Salience()) -> 
         value = json.loads(stripped)
     except ValueError:
         return None
-    outline = _json_outline(value, 0, 60)
-    shown = _clip(outline, c.head_chars + c.tail_chars)
-    out = [Kept(0, "JSON outline: " + shown, "outline")]
+    shown = _fit(_json_outline(value, 0, 60), c.head_chars + c.tail_chars, c.max_line_chars)
+    out = [Kept(0, shown, "outline")]
     # the values the outline does not show already
     leaves = [_Line(0, f"{path}: {text}") for path, text in _json_leaves(value) if text not in shown]
-    picked = _salient(leaves, salience, c.salient_chars, c.max_line_chars)
+    picked = _salient(leaves, salience, c.salient_chars, window or c.max_line_chars, context=False)
     return out + [Kept(0, shown, why) for _, (why, shown) in sorted(picked.items())]
 
 
@@ -308,10 +339,10 @@ def _listing_excerpt(text: str, c: Compaction) -> list[Kept] | None:
         [Kept(0, f"[... {rest} more entries ...]", "omitted")] if rest > 0 else [])
 
 
-def _error_excerpt(text: str, c: Compaction, salience: Salience) -> list[Kept]:
+def _error_excerpt(text: str, c: Compaction, salience: Salience, window: int | None = None) -> list[Kept]:
     if len(text) <= c.error_max_chars:
         return [Kept(number, line, "whole") for number, line in enumerate(text.split("\n"), start=1)]
-    return _text_excerpt(text, c, salience)
+    return _text_excerpt(text, c, salience, window)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -337,27 +368,49 @@ def terms_in(view: ArtifactView) -> frozenset[str]:
     return _terms_in(view.content)
 
 
+_MIN_LINE_CHARS = 40
+
+
+def budget_for(c: Compaction, chars: int) -> Compaction:
+    """`c` for a result of `chars` characters: under `excerpt_share`, its opening and end take at most
+    that share of them, and so does any one line (at least `_MIN_LINE_CHARS`). The lines that carry a
+    decision keep their own budget."""
+    if c.excerpt_share is None:
+        return c
+    full = c.head_chars + c.tail_chars
+    room = int(c.excerpt_share * chars)
+    if room >= full and room >= c.max_line_chars:
+        return c
+    scale = min(1.0, room / full) if full > 0 else 1.0
+    return c.model_copy(update={
+        "head_chars": int(c.head_chars * scale), "tail_chars": int(c.tail_chars * scale),
+        "max_line_chars": max(_MIN_LINE_CHARS, min(c.max_line_chars, room)),
+    })
+
+
 def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction, terms: frozenset[str] = frozenset()) -> list[Kept]:
     """The lines of the memory's body, by the rule's extractor, each with why it was kept."""
     kind = rule.extractor
     text = view.content
+    window = c.max_line_chars  # a deciding line's window keeps its width whatever the result's size
     salience = Salience(patterns=(*c.salient_patterns, *rule.salient), terms=terms)
+    c = budget_for(c, len(text))
     if kind == "error" or (kind == "auto" and view.status == "error"):
-        return _error_excerpt(text, c, salience)
+        return _error_excerpt(text, c, salience, window)
     if kind in ("json", "auto"):
-        lines = _json_excerpt(text, c, salience)
+        lines = _json_excerpt(text, c, salience, window)
         if lines is not None:
             return lines
     if kind in ("listing", "auto"):
         lines = _listing_excerpt(text, c)
         if lines is not None:
             return lines
-    return _text_excerpt(text, c, salience)
+    return _text_excerpt(text, c, salience, window)
 
 
 def _size_note(view: ArtifactView) -> str:
     lines = view.content.count("\n") + 1 if view.content else 0
-    return f"{lines} lines, {view.tokens} tokens"
+    return f"{lines} lines, {view.tokens} tokens" if lines > 1 else f"{view.tokens} tokens"
 
 
 def kept_summary(lines: list[Kept], redacted: Mapping[str, int] | None = None) -> str:
@@ -381,7 +434,7 @@ def kept_summary(lines: list[Kept], redacted: Mapping[str, int] | None = None) -
 def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note: str | None = None,
                   terms: frozenset[str] = frozenset(), lines: list[Kept] | None = None) -> str:
     """The compact, model-facing form of one tool result (`lines`: its excerpt, if already taken)."""
-    nonce = view.sha256[:6]
+    nonce = view.sha256[:NONCE_CHARS]
     header = f"[compacted artifact:{view.artifact_id}; {view.tool_name or 'tool'} {view.status}; {_size_note(view)}; untrusted excerpt:]"
     if lines is None:
         lines = excerpt(view, rule, c, terms)

@@ -143,6 +143,9 @@ class Compaction(_Strict):
     # decision (conditions, negations, errors, status fields, identifiers the conversation named).
     salient_chars: int = Field(160, ge=0)
     salient_patterns: list[str] = Field(default_factory=list)  # regexes adding to the built-in rules
+    # A memory's opening and end take at most this share of its result's characters (the lines that
+    # carry a decision keep `salient_chars`): a 250-token answer does not keep a 100-token memory.
+    excerpt_share: float | None = Field(None, gt=0, le=1)
 
     @field_validator("salient_patterns")
     @classmethod

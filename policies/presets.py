@@ -28,10 +28,13 @@ _PRESETS: dict[str, dict] = {
                        "command output compacted to head and tail.",
         # Measured with `gateway replay --policy coding-agent` on the shared traces: every
         # round is compacted once, as it stops being the latest, when that pays under
-        # the cache price model; memories are short (the raw bytes stay one call away).
-        "compaction": {"keep_recent_rounds": 1, "trigger_tokens": 500, "clear_at_least_tokens": 200,
-                       "min_tokens": 150, "argument_min_tokens": 120, "head_chars": 100, "tail_chars": 60,
-                       "salient_chars": 80, "horizon": 3.0},
+        # the cache price model (no minimum tail or saving: a move that pays is made at
+        # once, since waiting only leaves more to re-send); results under 200 tokens stay
+        # whole (their memory saves too little to pay for a re-send in a short session);
+        # memories are short, a small result's shorter still (the raw bytes stay one call away).
+        "compaction": {"keep_recent_rounds": 1, "trigger_tokens": 0, "clear_at_least_tokens": 0,
+                       "min_tokens": 200, "argument_min_tokens": 120, "head_chars": 100, "tail_chars": 60,
+                       "salient_chars": 80, "excerpt_share": 0.05, "horizon": 3.0},
         "tools": [
             {"match": _CODE_READERS, "freshness": "session", "supersede_on": "arguments.path"},
             {"match": ["find", "find_file", "ls", "list_files", "search_dir", "search_file", "grep"],

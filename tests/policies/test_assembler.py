@@ -348,3 +348,57 @@ def test_thousands_of_small_rounds_cost_linear_work(monkeypatch: pytest.MonkeyPa
     projection, _ = project(messages, policy(compaction={"min_tokens": 200}))
     assert projection.boundary_round == 0 and projection.tokens_forwarded == projection.tokens_original
     assert calls["saving"] <= 2 * 3000
+
+
+# -- what a move costs: the epochs under the cache prices ----------------------------------------
+
+PRICED = {"horizon": 3.0, "min_tokens": 150, "argument_min_tokens": 50}
+PROSE = "We looked at the output together and discussed what it means for the plan. " * 300
+
+
+def test_a_move_pays_for_the_prose_it_makes_the_provider_read_again() -> None:
+    # Compacting round 1 changes its result, so the provider reads afresh everything after it that it
+    # had cached: here the long exchange with the user between round 1 and round 2, not only the memory.
+    def transcript(between: str) -> list[dict]:
+        return (conversation(1) + [{"role": "assistant", "content": between}, {"role": "user", "content": "go on"}]
+                + tool_round("n", "bash", "ok", command="true"))
+    chatty, _ = project(transcript(PROSE), policy(compaction=PRICED))
+    assert chatty.boundary_round == 0 and chatty.decisions[3].action == "verbatim"
+    terse, _ = project(transcript("Done."), policy(compaction=PRICED))
+    assert terse.boundary_round == 1 and terse.decisions[3].action == "compacted"
+
+
+def test_a_result_superseded_now_lets_a_move_ride_on_the_rewrite() -> None:
+    # Round 3 re-reads app.py: the notice that replaces round 1's read changes the prefix there anyway,
+    # so compacting round 2 costs nothing more, though on its own (with the prose after it to re-send)
+    # it would not pay yet.
+    pol = policy(compaction=PRICED, tools=[{"match": ["read_file"], "supersede_on": "arguments.path"}])
+
+    def transcript(path: str) -> list[dict]:
+        return (conversation(0) + tool_round("a", "read_file", "v1 of app.py\n" + BIG, path="app.py")
+                + tool_round("b", "bash", "build log\n" + BIG, command="make")
+                + [{"role": "assistant", "content": PROSE}, {"role": "user", "content": "go on"}]
+                + tool_round("c", "read_file", "v2\n" + BIG, path=path))
+    riding, _ = project(transcript("app.py"), pol)
+    assert riding.decisions[3].action == "superseded"
+    assert riding.decisions[5].action == "compacted" and riding.boundary_round == 2
+    alone, _ = project(transcript("other.py"), pol)
+    assert alone.decisions[5].action == "verbatim"
+    assert protocol_problems(riding.messages) == protocol_problems(alone.messages) == []
+
+
+def test_a_move_skips_a_small_saving_that_would_make_it_resend_a_protected_result() -> None:
+    # Round 1's long call arguments would save a little, but compacting them breaks the prefix before
+    # round 1's failed (so verbatim) output; the move starts at round 2's result instead, and round 1's
+    # arguments stay verbatim for good, so later requests keep extending the same prefix.
+    script = "\n".join(f"step_{i}() && check_{i}" for i in range(40))
+    messages = (conversation(0) + tool_round("w", "run_script", "Error: step_3 failed\n" + BIG, script=script)
+                + tool_round("b", "bash", "build log\n" + BIG, command="make")
+                + tool_round("c", "bash", "ok", command="true"))
+    pol = policy(compaction=PRICED)
+    projection, _ = project(messages, pol)
+    assert projection.decisions[2].action == "verbatim" and projection.messages[2] == messages[2]
+    assert projection.decisions[3].action == "protected"
+    assert projection.decisions[5].action == "compacted" and projection.boundary_round == 2
+    later, _ = project(messages + tool_round("d", "bash", "ok", command="true"), pol)
+    assert later.messages[: len(projection.messages)] == projection.messages

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
@@ -108,6 +109,68 @@ def test_bad_salience_and_revision_settings_name_their_field(raw: dict, field: s
     assert caught.value.field == field
 
 
+SMALL = Compaction(head_chars=100, tail_chars=60, salient_chars=80, excerpt_share=0.05)
+
+
+def reservation(note: str = "economy, 2 passengers") -> str:
+    return json.dumps({"reservation_id": "JG7FMM", "user_id": "omar_davis_3817", "origin": "MCO",
+                       "destination": "CLT", "flight_type": "one_way", "cabin": "business",
+                       "flights": [{"flight_number": "HAT028", "date": "2024-05-21", "price": 1544},
+                                   {"flight_number": "HAT134", "date": "2024-05-21", "price": 801}],
+                       "passengers": [{"first_name": "Omar", "last_name": "Davis", "dob": "1950-06-17"}],
+                       "payment_history": [{"payment_id": "credit_card_4803681", "amount": 2345}],
+                       "created_at": "2024-05-13T09:18:51", "total_baggages": 1, "insurance": "no",
+                       "note": note})
+
+
+def test_a_small_result_gets_a_memory_to_its_scale_that_still_names_it() -> None:
+    text = reservation()
+    memory = render_memory(view(text, tool="get_reservation_details"), RULE, SMALL)
+    header, *body = memory.split("\n")
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    # the header names the artifact, the tool, its status and size (no "1 lines" for a one-line result)
+    assert header == (f"[compacted artifact:art_{digest[:20]}; get_reservation_details ok; "
+                      f"{len(text) // 4} tokens; untrusted excerpt:]")
+    assert body[0] == f"<<<{digest[:4]}" and body[-1] == f">>>{digest[:4]}"
+    assert len(memory) - len(header) < 0.15 * len(text)  # the excerpt is to the result's scale
+    assert "reservation_id: JG7FMM, " in memory  # an outline cut after whole entries, not inside a value
+    assert memory == render_memory(view(text, tool="get_reservation_details"), RULE, SMALL)  # byte-stable
+    bigger = render_memory(view(text, tool="get_reservation_details"), RULE, TIGHT)
+    assert len(memory) < len(bigger)  # without excerpt_share the same budgets keep more
+
+
+def test_a_small_result_still_keeps_its_deciding_lines() -> None:
+    text = reservation(note="Do NOT rebook: refund only with manager approval")
+    kept = excerpt(view(text, tool="get_reservation_details"), RULE, SMALL)
+    assert [(k.text, k.why) for k in kept if k.why != "outline"] == [
+        ("note: Do NOT rebook: refund only with manager approval", "condition+negation")]  # whole, no filler
+    named = excerpt(view(reservation(), tool="get_reservation_details"), RULE, SMALL, terms=frozenset({"HAT134"}))
+    assert ("flights[1].flight_number: HAT134", "mentioned") in [(k.text, k.why) for k in named]
+    lines = [f"Section {i}: " + "general terms about shipping and handling of parcels. " * 3 for i in range(40)]
+    lines[23] = "Refunds over the limit require manager approval unless the order shipped late."
+    text = "\n".join(lines)
+    scaled = excerpt(view(text), RULE, Compaction(head_chars=100, tail_chars=60, salient_chars=80, excerpt_share=0.01))
+    full = excerpt(view(text), RULE, Compaction(head_chars=100, tail_chars=60, salient_chars=80))
+    assert sum(len(k.text) for k in scaled) < sum(len(k.text) for k in full)
+    (line,) = [k for k in scaled if k.number == 24]  # with its line number, for a ranged rehydration
+    assert "require manager approval unless" in line.text
+
+
+def test_a_json_outline_is_short_and_keeps_odd_values_quoted() -> None:
+    text = json.dumps({"id": "A1", "title": "Hello, world", "nested": {"deep": {"deeper": 1}}, "n": None})
+    (outline,) = [k for k in excerpt(view(text), RULE, Compaction()) if k.why == "outline"]
+    assert outline.text == '{id: A1, title: "Hello, world", nested: {deep: {1 keys}}, n: null}'
+
+
+def test_curl_progress_meter_is_not_an_opening() -> None:
+    text = ("  % Total    % Received % Xferd  Average Speed   Time    Time     Time  Current\n"
+            "                                 Dload  Upload   Total   Spent    Left  Speed\n"
+            "100   606    0   606    0     0   6865      0 --:--:-- --:--:-- --:--:--  7129\n"
+            "<title>A Simple CGI Page</title>\n" + "\n".join(filler(1, 30)))
+    kept = excerpt(view(text), RULE, Compaction(head_chars=40, tail_chars=40, salient_chars=0))
+    assert kept[0].text == "<title>A Simple CGI Page</title>" and kept[0].number == 4
+
+
 # -- properties -----------------------------------------------------------------
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -117,7 +180,8 @@ WORDS = ["ok", "must", "not", "error", "status:", "unless", "A1B2", "$250", "the
          "approval", "x" * 30, "  ", "", "Refund", "deadline", "warning", "4471"]
 texts = st.lists(st.lists(st.sampled_from(WORDS), max_size=14).map(" ".join), min_size=0, max_size=80).map("\n".join)
 budgets = st.builds(Compaction, head_chars=st.integers(0, 200), tail_chars=st.integers(0, 200),
-                    salient_chars=st.integers(0, 300), max_line_chars=st.integers(20, 160))
+                    salient_chars=st.integers(0, 300), max_line_chars=st.integers(20, 160),
+                    excerpt_share=st.one_of(st.none(), st.floats(0.01, 1.0)))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
