@@ -32,7 +32,7 @@ from gateway.config import ModelSettings, Settings
 from gateway.deployment_params import ROUTING_KEYS
 from gateway.errors import RateLimitExceeded, UpstreamError, UpstreamInvalidResponse, UpstreamRateLimited, \
     UpstreamTimeout, UpstreamUnavailable
-from gateway.upstream import Attempt, Prices, UpstreamClient, UpstreamRequest
+from gateway.upstream import Attempt, UpstreamClient, UpstreamRequest, WrappedUpstream
 from storage.ratelimit import RateLimiter
 
 _MAX_PROVIDER_WAIT = 30.0  # seconds of a provider's retry-after the gateway waits out before retrying
@@ -112,14 +112,14 @@ class Observed:
             _LATENCY_WEIGHT * latency_ms + (1 - _LATENCY_WEIGHT) * before)
 
 
-class RoutedUpstream:
+class RoutedUpstream(WrappedUpstream):
     """An `UpstreamClient` that routes each call over the requested model's deployments."""
 
     def __init__(self, inner: UpstreamClient, settings: Settings, limiter: RateLimiter | None,
                  picker_factory: Callable[[Settings], Picker | None] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  observed: "Observed | None" = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.settings = settings
         self._limiter = limiter
         self._sleep = sleep
@@ -135,9 +135,6 @@ class RoutedUpstream:
                               self.observed)
 
     # The UpstreamClient interface: each call routed.
-    async def warm_up(self) -> None:
-        await self.inner.warm_up()
-
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
         return await self._call(self.inner.complete, request, stream=False)
 
@@ -165,16 +162,6 @@ class RoutedUpstream:
     def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         return self._stream(self.inner.stream_text_completion, request)
 
-    def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
-        return self.inner.cost_usd(litellm_params, usage)
-
-    def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
-        return self.inner.prices(litellm_params)
-
-    async def aclose(self) -> None:
-        closing = getattr(self.inner, "aclose", None)
-        if closing is not None:
-            await closing()
 
     # Routing.
     async def _call(self, call: Callable[[UpstreamRequest], Awaitable[dict[str, Any]]],

@@ -93,3 +93,25 @@ class UpstreamClient(Protocol):
 
     def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
         """The model's prices: the config's own, else LiteLLM's cost map; None if unknown."""
+
+
+class WrappedUpstream:
+    """An `UpstreamClient` around another: what it does not change (warming up, prices, closing) is the
+    wrapped client's. Subclasses wrap the calls."""
+
+    def __init__(self, inner: UpstreamClient) -> None:
+        self.inner = inner
+
+    async def warm_up(self) -> None:
+        await self.inner.warm_up()
+
+    def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
+        return self.inner.cost_usd(litellm_params, usage)
+
+    def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
+        return self.inner.prices(litellm_params)
+
+    async def aclose(self) -> None:
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()

@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from gateway import messages_forwarding, responses_forwarding
 from gateway.tracing import PROPAGATOR, mark_failed
-from gateway.upstream import Prices, UpstreamClient, UpstreamRequest
+from gateway.upstream import UpstreamClient, UpstreamRequest, WrappedUpstream
 
 _MAX_TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _RESPONSES_TERMINAL = ("response.completed", "response.failed", "response.incomplete")
@@ -176,11 +176,11 @@ def _responses_event(call: _Call, event: Mapping[str, Any]) -> bool:
     return False
 
 
-class TracedUpstream:
+class TracedUpstream(WrappedUpstream):
     """An `UpstreamClient` whose calls are client spans; everything else is the wrapped client's."""
 
     def __init__(self, inner: UpstreamClient, tracer: Tracer, capture_content: bool) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.tracer = tracer
         self.capture_content = capture_content
 
@@ -230,9 +230,6 @@ class TracedUpstream:
             if close is not None:
                 await close()
 
-    async def warm_up(self) -> None:
-        await self.inner.warm_up()
-
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
         return await self._call("chat", "chat", request, self.inner.complete, _chat_answer)
 
@@ -261,13 +258,3 @@ class TracedUpstream:
         return self._stream("text_completion", "completions", request, self.inner.stream_text_completion,
                             _chat_event)
 
-    def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
-        return self.inner.cost_usd(litellm_params, usage)
-
-    def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
-        return self.inner.prices(litellm_params)
-
-    async def aclose(self) -> None:
-        close = getattr(self.inner, "aclose", None)
-        if close is not None:
-            await close()
