@@ -16,7 +16,14 @@ reads 0.1x, writes 1.25x of an input token):
 - the Responses form through the gateway's /v1/responses.
 It prints per trace the forwarded-token reduction in every format, the prompt
 cost of the gateway against the client's own Anthropic replay, and invalid
-requests (a call not answered by its result, in either format).
+requests (a call not answered by its result, in either format); then the
+reduction of each format over every trace together.
+
+On Anthropic the rehydration tool is added where the first memory appears
+(gateway/tool_additions.py), so a conversation's first compaction must also pay
+for the tool's tokens: a trace whose only candidate saves less than that (the
+minisweagent one) is not compacted there, and its reduction differs from the
+Chat path's, where the tool is declared from the first request whatever happens.
 """
 from __future__ import annotations
 
@@ -224,6 +231,7 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
         reduction_chat=round(1 - forwarded["chat"] / sent["chat"], 4),
         reduction_responses=round(1 - forwarded["responses"] / sent["responses"], 4),
         cost_vs_client=round(gateway_cost / direct_cost, 4) if direct_cost else 1.0,
+        tokens_sent=sent, tokens_forwarded=forwarded,
         invalid_requests=bad,
     )
     return row
@@ -254,6 +262,11 @@ def gap(row: dict[str, Any]) -> float:
                abs(row["reduction_responses"] - row["reduction_chat"]))
 
 
+def total_reduction(rows: list[dict[str, Any]], wire: str) -> float:
+    """The forwarded-token reduction of a format over every trace together."""
+    return 1 - sum(r["tokens_forwarded"][wire] for r in rows) / sum(r["tokens_sent"][wire] for r in rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="coding-agent")
@@ -272,6 +285,8 @@ def main() -> None:
               f"{row['reduction_anthropic']:>9.1%} {row['reduction_responses']:>9.1%} {gap(row) * 100:>7.2f} "
               f"{row['cost_vs_client']:>15.3f} {row['invalid_requests']:>8}")
     heavy = [r["cost_vs_client"] for r in rows if r["tool_calls"] >= 20]
+    totals = {wire: total_reduction(rows, wire) for wire in ("chat", "anthropic", "responses")}
+    print("reduction over every trace: " + ", ".join(f"{wire} {value:.2%}" for wire, value in totals.items()))
     print(f"cost vs the client's own replay: max {max(r['cost_vs_client'] for r in rows):.3f}, median over "
           f"traces with 20+ tool calls {statistics.median(heavy):.3f}; largest reduction gap to the Chat path "
           f"{max(gap(r) for r in rows) * 100:.2f} pp; invalid requests "

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
 
+from gateway import tool_additions
 from gateway.direct_chat import DirectCall, DirectChat
 from gateway.errors import UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
 from gateway.litellm_base import PRICING_KEYS, litellm, map_error
@@ -63,6 +65,15 @@ _RESPONSES_PARAMS = frozenset(
         "top_p", "truncation", "user", "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs",
     }
 )
+def _deployment_key(params: Mapping[str, Any]) -> str:
+    return f"{params.get('api_base') or ''}|{params['model']}"
+
+
+def _declared(request: UpstreamRequest) -> UpstreamRequest:
+    return replace(request, body=tool_additions.as_declared_tools(request.body),
+                   extra_headers=tool_additions.without_betas(request.extra_headers))
+
+
 def _drop_none(value: Any, keep: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, dict):
         return {k: _drop_none(v, keep) for k, v in value.items() if v is not None or k in keep}
@@ -145,6 +156,7 @@ class LiteLLMUpstream:
     def __init__(self, direct_transport: bool | None = None) -> None:
         wanted = direct_wanted() if direct_transport is None else direct_transport
         self._direct = DirectChat(OpenAIDirectCodec(), verify=get_ssl_configuration()) if wanted else None
+        self._without_tool_changes: set[str] = set()  # deployments that refused mid-conversation tool changes
 
     async def aclose(self) -> None:
         """Close the direct transport's connection pool."""
@@ -206,12 +218,40 @@ class LiteLLMUpstream:
             kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
         return kwargs
 
+    def _tool_changes_for(self, request: UpstreamRequest) -> UpstreamRequest:
+        """The request as this deployment takes it: tools added mid-conversation
+        (gateway/tool_additions.py) go to native Anthropic deployments that have not refused them,
+        with the feature's betas; any other gets them in `tools`."""
+        if not tool_additions.has_additions(request.body):
+            return request
+        params = request.litellm_params
+        provider = params.get("custom_llm_provider") or str(params["model"]).split("/", 1)[0]
+        if provider == "anthropic" and _deployment_key(params) not in self._without_tool_changes:
+            return replace(request, extra_headers=tool_additions.with_betas(request.extra_headers))
+        return _declared(request)
+
+    def _refused_tool_changes(self, request: UpstreamRequest, error: UpstreamError,
+                              exc: Exception) -> UpstreamRequest:
+        """After a 400 to a request that adds tools mid-conversation: the same request with them in
+        `tools`, and the deployment remembered as one without the feature. Any other failure is raised."""
+        if error.status_code != 400 or not tool_additions.has_additions(request.body):
+            raise error from exc
+        self._without_tool_changes.add(_deployment_key(request.litellm_params))
+        return _declared(request)
+
     def _messages_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
         return self._call_kwargs(request, _MESSAGES_PARAMS.__contains__, stream=stream, unnamed="drop")
 
     async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
+        request = self._tool_changes_for(request)
         try:
-            response = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=False))
+            try:
+                response = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=False))
+            except Exception as exc:
+                request = self._refused_tool_changes(request, map_error(exc), exc)
+                response = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=False))
+        except UpstreamError:
+            raise
         except Exception as exc:
             raise map_error(exc) from exc
         body = response if isinstance(response, dict) else response.model_dump()
@@ -220,8 +260,13 @@ class LiteLLMUpstream:
         return body
 
     async def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        request = self._tool_changes_for(request)
         try:
-            stream = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=True))
+            try:
+                stream = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=True))
+            except Exception as exc:
+                request = self._refused_tool_changes(request, map_error(exc), exc)
+                stream = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=True))
             if not hasattr(stream, "__aiter__"):  # a whole message (LiteLLM's mock answers so): its events
                 for event in message_events(stream if isinstance(stream, dict) else stream.model_dump()):
                     yield event

@@ -151,20 +151,33 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
                   wire: WireFormat, model: ModelSettings, policy: Policy, projection: Projection,
                   records: Records, assembly: AssemblyRecord, previous_end: int | None,
                   attempts: list[Attempt], models_allowed: frozenset[str] | None) -> Conversation:
-    """The upstream request: the projection, plus the rehydration tool.
+    """The upstream request: the projection, plus the rehydration tool (when the client sends tools and
+    the policy compacts).
 
-    The tool is declared from a conversation's first request on (when the client sends tools and the
-    policy compacts), not from the first compaction: the tool list opens the prompt, and adding to it
-    later makes the provider's prompt cache miss everything once (measured with bench/format_replay.py:
-    up to 1.3x the client's own cost on a short trace, against at most 1.06x declared from the start).
+    On a native Anthropic deployment the tool is added mid-conversation, right after the first message
+    that names an artifact (gateway/tool_additions.py): the prefix before it stays cached, and a
+    conversation that names none declares nothing. Elsewhere it is declared in `tools` from a
+    conversation's first request on, not from the first compaction: the tool list opens the prompt, and
+    adding to it later makes the provider's prompt cache miss everything once (measured with
+    bench/format_replay.py: up to 1.3x the client's own cost on a short trace, against at most 1.06x
+    declared from the start).
     """
-    body = wire.upstream_body(neutral, projection.messages, _stable_ends(policy, projection, previous_end))
+    stable = _stable_ends(policy, projection, previous_end)
     rehydrator = None
-    if neutral.tools and policy.enabled and policy.rehydration.max_rounds > 0:
+    if _offers_rehydration(policy, neutral):
         rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=run.tenant,
                                 participant=run.participant, provider=model.provider_name,
                                 decisions=assembly.decisions)
-        body["tools"] = [*neutral.tools, wire.rehydration_tool(rehydrator.name, DESCRIPTION, PARAMETERS)]
+    midway = _midway_tool(wire, policy, model, neutral)
+    if midway is not None and isinstance(wire, AnthropicMessages) and \
+            not any(d.action == "omitted" for d in projection.decisions):  # indices line up
+        first = projection.first_reference
+        body = wire.upstream_body(neutral, projection.messages, stable,
+                                  addition=(midway, first) if first is not None else None)
+    else:
+        body = wire.upstream_body(neutral, projection.messages, stable)
+        if rehydrator is not None:
+            body["tools"] = [*(neutral.tools or []), wire.rehydration_tool(rehydrator.name, DESCRIPTION, PARAMETERS)]
     upstream_request = UpstreamRequest(
         alias=neutral.model,
         litellm_params=model.litellm_params,
@@ -180,6 +193,22 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
                         client_store=neutral.params.get("store") is not False, tracing=services.tracing)
 
 
+def _offers_rehydration(policy: Policy, neutral: NeutralRequest) -> bool:
+    """The rehydration tool is offered when the client sends tools and the policy compacts."""
+    return bool(neutral.tools) and policy.enabled and policy.rehydration.max_rounds > 0
+
+
+def _midway_tool(wire: WireFormat, policy: Policy, model: ModelSettings, neutral: NeutralRequest
+                 ) -> dict[str, Any] | None:
+    """The rehydration tool when an Anthropic Messages request adds it where the first memory appears
+    (gateway/tool_additions.py) rather than declaring it in `tools`: to a native Anthropic deployment,
+    when the policy allows."""
+    if not (isinstance(wire, AnthropicMessages) and _offers_rehydration(policy, neutral)
+            and policy.rehydration.mid_conversation and model.provider_name == "anthropic"):
+        return None
+    return wire.rehydration_tool(policy.rehydration.tool_name, DESCRIPTION, PARAMETERS)
+
+
 def assembly_attributes(path: Sequence[Any], projection: Projection) -> dict[str, Any]:
     """The `gateway.assembly` span's account: messages and tokens as the client sent them and as forwarded."""
     actions: dict[str, int] = {}
@@ -192,10 +221,11 @@ def assembly_attributes(path: Sequence[Any], projection: Projection) -> dict[str
 
 def _stable_ends(policy: Policy, projection: Projection, previous_end: int | None) -> list[int]:
     """Where the forwarded bytes stay the same on later requests, most needed first (for cache markers):
-    the end of this request (the next one extends it); the end of the assistant turn that the latest
-    tool results answer (everything before those results stays when the next move compacts them);
-    the epoch boundary (stays until the boundary moves); the end of the previous request (which the
-    provider's 20-block lookback from the first marker usually finds anyway)."""
+    the end of this request (the next one extends it); the message before the first one the next move
+    is expected to change (so the move reads everything before it from the cache); the end of the
+    assistant turn that the latest tool results answer (everything before those results stays when a
+    move compacts them); the epoch boundary (stays until the boundary moves); the end of the previous
+    request (which the provider's 20-block lookback from the first marker usually finds anyway)."""
     if not policy.cache_markers:
         return []
     messages = projection.messages
@@ -206,17 +236,19 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
     while asked >= 0 and messages[asked].get("role") == "tool":
         asked -= 1
     ends = [last]
-    for end in (asked if asked < last else None, projection.boundary_index, previous_end):
+    foreseen = projection.next_move_from - 1 if projection.next_move_from is not None else None
+    for end in (foreseen, asked if asked < last else None, projection.boundary_index, previous_end):
         if end is not None and 0 <= end < len(messages) and end not in ends:
             ends.append(end)
     return ends
 
 
 def _capture_and_project(services: Services, recorder: RunRecorder, policy: Policy, model: ModelSettings,
-                         tenant: str, neutral: NeutralRequest
+                         tenant: str, neutral: NeutralRequest, midway: dict[str, Any] | None = None
                          ) -> tuple[IngestResult, Projection, Records, AssemblyRecord]:
     """The request's path in the tenant's tree, captured (the run opens), and its projection with the
-    record of its assembly; on a worker thread, in one trip."""
+    record of its assembly; on a worker thread, in one trip. `midway`: the rehydration tool when it is
+    added where the first memory appears (the first compaction pays for it)."""
     run = recorder.start
     path = message_path(tenant, neutral.messages, ids=services.node_ids)
     started = time.perf_counter()
@@ -233,7 +265,8 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
     ingest_ms = (time.perf_counter() - started) * 1000
     with services.tracing.span("gateway.assembly", {"gateway.policy.name": policy.name,
                                                     "gateway.policy.version": policy.version}) as span:
-        projection, records, assembly_ms = project(policy, model, path, ingest, services.clock(), run.participant)
+        projection, records, assembly_ms = project(policy, model, path, ingest, services.clock(), run.participant,
+                                                   added_tool=midway)
         if span.is_recording():
             span.set_attributes(assembly_attributes(path, projection))
     timings = {"ingest": round(ingest_ms, 3), "assemble": round(assembly_ms, 3)}
@@ -312,8 +345,9 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
                            services.budgets)
     async with recorder:
         # One trip to a worker thread: placing the messages, capturing them, assembling the projection.
+        midway = _midway_tool(wire, policy, model, neutral)
         ingest, projection, records, record = await run_in_threadpool(
-            _capture_and_project, services, recorder, policy, model, tenant.id, neutral)
+            _capture_and_project, services, recorder, policy, model, tenant.id, neutral, midway)
         recorder.accounting = Accounting(
             prices=services.upstream.prices(model.litellm_params),
             tokens_original=projection.tokens_original,

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
+from gateway.tool_additions import addition_message
 from policies import assembler
 from policies.assembler import Projection, Records, assemble
 from policies.path_records import records_for_path
@@ -24,9 +25,12 @@ def project(
     ingest: IngestResult,
     now: float,
     participant: str,
+    added_tool: Mapping[str, Any] | None = None,
 ) -> tuple[Projection, Records, float]:
     """The projection of `path` for `model` and `participant` under `policy` at `now`.
 
+    `added_tool`: a tool added mid-conversation where the first memory appears
+    (gateway/tool_additions.py), so the first compaction must pay for it too.
     Returns the records it was assembled from too (rehydration checks lineage
     against them), and the milliseconds the assembly took. Raises ContextBudgetExceeded.
     """
@@ -43,13 +47,18 @@ def project(
     started = time.perf_counter()
     try:
         projection = assemble(policy, [n.message for n in path], records, now,
-                              provider=model.provider_name, encoding=encoding, participant=participant)
+                              provider=model.provider_name, encoding=encoding, participant=participant,
+                              first_move_tokens=_tokens_added(added_tool, encoding))
     except assembler.ContextBudgetExceeded as exc:
         raise ContextBudgetExceeded(
             f"Context budget exceeded: {exc}. Shorten the conversation or raise budget.max_prompt_tokens.",
             param="messages",
         ) from exc
     return projection, records, (time.perf_counter() - started) * 1000
+
+
+def _tokens_added(tool: Mapping[str, Any] | None, encoding: str) -> int:
+    return count_text(canonical_json(addition_message(tool)), encoding) if tool is not None else 0
 
 
 def projected_tokens(policy: Policy, model: ModelSettings, tenant: str, request: NeutralRequest, now: float) -> int:

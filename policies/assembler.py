@@ -96,12 +96,18 @@ class Projection:
     boundary_round: int  # rounds before this are rendered as of the epoch
     epoch_round: int  # the round count at which the current epoch began
     boundary_index: int = -1  # the last message of the last round before the boundary (-1: none)
+    next_move_from: int | None = None  # the first message the next move is expected to change
     assembler_version: str = ASSEMBLER_VERSION
 
     @property
     def names_artifacts(self) -> bool:
         """Whether any forwarded message stands in for content by naming `artifact:<id>`."""
-        return any(d.action in _REFERENCING for d in self.decisions)
+        return self.first_reference is not None
+
+    @property
+    def first_reference(self) -> int | None:
+        """The first message that stands in for content by naming `artifact:<id>` (None: none does)."""
+        return next((d.index for d in self.decisions if d.action in _REFERENCING), None)
 
 
 _RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key
@@ -134,6 +140,7 @@ class _Epochs:
     epoch_round: int  # the round count at which the boundary last moved
     as_of: dict[int, int]  # compacted round -> the round count it is rendered as of
     pinned: frozenset[int]  # messages behind the boundary that a move left verbatim
+    upcoming: int | None = None  # the first message the next move is expected to change
 
 
 _START_CANDIDATES = 64  # where a move may start: the first this many messages of the window that save
@@ -175,8 +182,10 @@ class _Assembly:
     """The working state of one assembly; `assemble` is the only entry point."""
 
     def __init__(self, policy: Policy, messages: Sequence[Mapping[str, Any]], records: Records,
-                 now: float, provider: str, encoding: str, participant: str | None) -> None:
+                 now: float, provider: str, encoding: str, participant: str | None,
+                 first_move_tokens: int = 0) -> None:
         self.policy, self.c = policy, policy.compaction
+        self.first_move_tokens = first_move_tokens
         self.messages, self.records = messages, records
         self.now, self.provider, self.encoding, self.participant = now, provider, encoding, participant
         self.rounds = _rounds(messages)
@@ -461,6 +470,8 @@ class _Assembly:
             self._assistants = [0]
             for message in self.messages:
                 self._assistants.append(self._assistants[-1] + (message.get("role") == "assistant"))
+        if t > len(self.rounds):  # the next request: one more
+            return self._assistants[-1] + 1
         return self._assistants[self.rounds[t - 1].assistant + 1]
 
     def _pays(self, saving: int, resent: int, t: int) -> bool:
@@ -563,7 +574,8 @@ class _Assembly:
                 continue
             if window.first() is None:
                 continue
-            start = self._best_start(window, span, forced_break(t, eligible, previous_end), t)
+            start = self._best_start(window, span, forced_break(t, eligible, previous_end), t,
+                                     self.first_move_tokens if boundary == 0 else 0)
             if start is not None:
                 pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
                 for number in range(boundary + 1, eligible + 1):
@@ -571,9 +583,29 @@ class _Assembly:
                 boundary, epoch_round = eligible, t
                 window = _Window(upto=eligible)
         as_of = {number: max(t, refreshed) for number, t in compacted_at.items()}
-        return _Epochs(boundary, epoch_round, as_of, frozenset(pinned))
+        upcoming = self._upcoming(window, boundary, span, move_saving)
+        return _Epochs(boundary, epoch_round, as_of, frozenset(pinned), upcoming)
 
-    def _best_start(self, window: _Window, span: Callable[[int, int], int], forced: int, t: int) -> int | None:
+    def _upcoming(self, window: _Window, boundary: int, span: Callable[[int, int], int],
+                  move_saving: Callable[[int, int], int]) -> int | None:
+        """The first message the next move is expected to change: where it would start if the
+        conversation went on with one more round (as known now), else the first message of the window
+        that would save. Cache markers go just before it (gateway/cache_markers.py), so the move reads
+        what precedes it from the provider's cache."""
+        t = len(self.rounds) + 1
+        eligible = t - self.c.keep_recent_rounds
+        for rnd in self.rounds[window.upto:max(window.upto, eligible)]:
+            for i in rnd.tools:
+                window.put(i, move_saving(i, t - 1))
+            window.put(rnd.assistant, self.argument_saving(rnd.assistant))
+        if window.first() is None:
+            return None
+        start = self._best_start(window, span, len(self.messages), t,
+                                 self.first_move_tokens if boundary == 0 else 0)
+        return start if start is not None else window.first()
+
+    def _best_start(self, window: _Window, span: Callable[[int, int], int], forced: int, t: int,
+                    added: int = 0) -> int | None:
         """Where a move at round `t` should start compacting (None: no move pays).
 
         A move compacts the window's messages from its start on; the provider reads afresh
@@ -582,12 +614,15 @@ class _Assembly:
         messages before the start verbatim for good, and pays when what they would save is
         small next to what breaking the prefix there costs (a short call argument early in a
         long round, say). A move pays when what it saves on later requests, taken to number
-        `horizon` times the requests so far, outweighs what it makes the provider read afresh."""
+        `horizon` times the requests so far, outweighs what it makes the provider read afresh.
+        `added`: tokens the move adds to the prompt for good (the rehydration tool, declared where the
+        first memory appears: see `assemble`), written once and read on every later request."""
         c = self.c
         items = sorted((i, v) for i, v in window.values.items() if v > 0)[:_START_CANDIDATES]
         so_far = self._requests_before(t)
         past_forced = sum(v for i, v in window.values.items() if i >= forced)
         rewrite = c.cache_write_price - c.cache_read_price
+        addition = added * (c.cache_write_price + c.cache_read_price * c.horizon * so_far)
         best, best_value = None, 0.0
         after = window.total  # what the move saves when it starts at the candidate
         for i, v in items:
@@ -596,7 +631,7 @@ class _Assembly:
             else:
                 resent = max(0, span(i, forced - 1) - (after - past_forced))
                 enough = max(1, c.clear_at_least_tokens)
-            value = after * c.cache_read_price * c.horizon * so_far - resent * rewrite
+            value = after * c.cache_read_price * c.horizon * so_far - resent * rewrite - addition
             if after >= enough and value >= 0 and (best is None or value > best_value):
                 best, best_value = i, value
             after -= v
@@ -612,9 +647,13 @@ def assemble(
     provider: str = "openai",
     encoding: str = DEFAULT_ENCODING,
     participant: str | None = None,
+    first_move_tokens: int = 0,
 ) -> Projection:
-    """Project `messages` for `participant` (None: whoever owns everything) at `now`."""
-    state = _Assembly(policy, messages, records, now, provider, encoding, participant)
+    """Project `messages` for `participant` (None: whoever owns everything) at `now`.
+
+    `first_move_tokens`: what the first compaction adds to the prompt besides its memories (the
+    rehydration tool, when it is declared where the first memory appears); that move must pay for it."""
+    state = _Assembly(policy, messages, records, now, provider, encoding, participant, first_move_tokens)
     out: list[dict[str, Any]] = [dict(m) for m in messages]
     decisions: dict[int, Decision] = {}
     omissions: Counter[str] = Counter()
@@ -700,6 +739,8 @@ def assemble(
         boundary_round=boundary,
         epoch_round=epoch_round,
         boundary_index=state.rounds[boundary - 1].end if boundary else -1,
+        next_move_from=epochs.upcoming if epochs.upcoming is not None
+        and decisions[epochs.upcoming].action == "verbatim" else None,
     )
 
 

@@ -176,6 +176,9 @@ class Rehydration(_Strict):
     max_bytes: int = Field(256 * 1024, gt=0)
     max_tokens: int = Field(16000, gt=0)
     max_rounds: int = Field(3, ge=0)
+    # On Anthropic upstreams, add the tool mid-conversation where the first memory appears (a
+    # `tool_addition`, gateway/tool_additions.py) instead of declaring it in `tools` from the start.
+    mid_conversation: bool = True
 
 
 class RedactionPattern(_Strict):

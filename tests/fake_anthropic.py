@@ -78,6 +78,34 @@ def cache_usage(body: dict[str, Any], written: set[str]) -> dict[str, int]:
             "cache_creation_input_tokens": creation}
 
 
+TOOL_CHANGE_BETAS = ("mid-conversation-tool-changes-2026-07-01", "inline-tools-2026-09-15")
+
+
+def tool_change_refusal(body: dict[str, Any], betas: str, supported: bool) -> str | None:
+    """Why Anthropic would refuse the request's mid-conversation tool additions (None: it takes them):
+    the model lacks the feature, the betas are missing, or an addition splits a tool_use turn from its
+    tool_result turn."""
+    messages = body.get("messages") or []
+    for index, message in enumerate(messages):
+        blocks = message.get("content") if isinstance(message.get("content"), list) else []
+        if not any(isinstance(b, dict) and b.get("type") == "tool_addition" for b in blocks):
+            continue
+        if not supported:
+            return f"messages.{index}: mid-conversation tool changes are not supported for this model"
+        given = {b.strip() for b in betas.split(",")}
+        if missing := [b for b in TOOL_CHANGE_BETAS if b not in given]:
+            return f"messages.{index}: tool_addition requires the anthropic-beta {', '.join(missing)}"
+        if message.get("role") != "system":
+            return f"messages.{index}: tool_addition blocks belong in a system message"
+        before = messages[index - 1] if index else {}
+        if before.get("role") == "assistant" and any(
+                isinstance(b, dict) and b.get("type") == "tool_use" for b in before.get("content") or []):
+            return f"messages.{index}: tool_use ids were found without tool_result blocks immediately after"
+        if index == len(messages) - 1:
+            return f"messages.{index}: the last message must be a user or assistant turn"
+    return None
+
+
 def blocks_for(step: "Step") -> list[dict[str, Any]]:
     if step.blocks is not None:
         return step.blocks
@@ -135,7 +163,12 @@ def add_messages_routes(app: FastAPI, state: "FakeState") -> None:
             state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
                                    "path": "/v1/messages"})
             number = len(state.requests)
-            usage = cache_usage(body, state.anthropic_cache)
+            refusal = tool_change_refusal(body, request.headers.get("anthropic-beta", ""), state.tool_changes)
+            if refusal is None:
+                usage = cache_usage(body, state.anthropic_cache)
+        if refusal is not None:
+            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": refusal}},
+                                status_code=400)
         with state.lock:
             scripted = bool(state.script)
         step = state.next_step() if scripted or state.responder is None else state.responder(body)

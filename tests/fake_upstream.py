@@ -57,6 +57,7 @@ class FakeState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     default_delay: float = 0.0  # seconds before an unscripted answer (standalone --delay)
     anthropic_cache: set[str] = field(default_factory=set)  # /v1/messages: prefix digests written
+    tool_changes: bool = True  # /v1/messages: False answers 400 to mid-conversation tool additions
     # /v1/messages without a scripted step: a function of the request body that gives one (an agent
     # that decides from the conversation, so requests a client makes on the side take nothing away)
     responder: Any = None
@@ -123,6 +124,7 @@ def build_app(state: FakeState) -> FastAPI:
             state.script.clear()
             state.requests.clear()
             state.anthropic_cache.clear()
+            state.tool_changes = True
         return {"ok": True}
 
     @app.get("/_requests")
@@ -239,6 +241,7 @@ class FakeUpstream:
             self.state.script.clear()
             self.state.requests.clear()
             self.state.anthropic_cache.clear()
+            self.state.tool_changes = True
 
     def script(self, **step: Any) -> None:
         with self.state.lock:

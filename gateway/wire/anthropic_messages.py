@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from gateway.cache_markers import place_markers
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.tool_additions import addition_message, insert_at
 from gateway.wire import NeutralRequest
 from gateway.wire.json_body import check_text, param_path, parse_json_object
 from policies.protocol import orphan_tool_messages
@@ -331,10 +332,21 @@ class AnthropicMessages:
         return sse(error_body(error))
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
-                      stable: Sequence[int] = ()) -> dict[str, Any]:
+                      stable: Sequence[int] = (), addition: tuple[dict[str, Any], int] | None = None
+                      ) -> dict[str, Any]:
         """The client's fields (its system prompt as sent) with `messages` rendered from the projection,
-        and cache markers after the neutral messages `stable` (gateway/cache_markers.py), if any."""
+        and cache markers after the neutral messages `stable` (gateway/cache_markers.py), if any.
+
+        `addition`: a tool definition and the first neutral message the projection changes; the tool is
+        added there, mid-conversation (gateway/tool_additions.py)."""
         rendered, spots = from_neutral(messages, top_system=request.params.get("system") not in (None, []))
+        if addition is not None:
+            definition, first_changed = addition
+            holder = next((spot[0] for spot in spots[first_changed:] if spot is not None), None)
+            if holder is not None:
+                at = insert_at(rendered, holder)
+                rendered.insert(at, addition_message(definition))
+                spots = [None if spot is None else (spot[0] + (spot[0] >= at), spot[1]) for spot in spots]
         body = {**request.params, "messages": rendered}
         return place_markers(body, spots, stable) if stable else body
 

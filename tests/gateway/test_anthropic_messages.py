@@ -15,6 +15,8 @@ import httpx
 import pytest
 import yaml
 
+from gateway.rehydration import DESCRIPTION, PARAMETERS
+from gateway.tool_additions import BETAS, addition_message
 from policies.transcript import artifact_id_for, message_path
 from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway, settings_for, start_gateway
 from tests.fake_upstream import FakeUpstream
@@ -29,6 +31,11 @@ FILE = "\n".join(f"{i:4d}  def function_{i}(argument): return argument * {i}  # 
 
 @pytest.fixture
 def gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    yield from anthropic_gateway(fake, storage_url, tmp_path)
+
+
+def anthropic_gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """A gateway with claude-* routed to the fake's Messages API, tenant acme on an eager policy."""
     (tmp_path / "eager.yaml").write_text(yaml.safe_dump(EAGER))
     models = [{"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_base": fake.url,
                                                        "api_key": "sk-upstream"}},
@@ -269,16 +276,22 @@ def test_tool_results_keep_their_error_flag_and_structure(gateway: RunningGatewa
     assert forwarded == messages  # otherwise forwarded as sent
 
 
-def _two_reads(gateway: RunningGateway) -> tuple[list[dict], str]:
-    """A conversation whose first file is compacted by now; returns it and that file's artifact id."""
-    messages: list[dict] = [{"role": "user", "content": "Read both."}]
-    for number in range(2):
+def read_turns(gateway: RunningGateway, count: int, label: str = "FILE") -> list[dict[str, Any]]:
+    """An agent reading `count` files, one per turn (file n holds `{label}-{n}` and FILE); the conversation."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the files."}]
+    for number in range(count):
         gateway.fake.script(blocks=[{"type": "tool_use", "id": f"toolu_{number}", "name": "Read",
                                      "input": {"file_path": f"f{number}.py"}}])
         reply = agent_turn(gateway, messages)
         messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{number}",
-                                                   "content": f"SECRET-{number}\n{FILE}"}]}]
+                                                   "content": f"{label}-{number}\n{FILE}"}]}]
+    return messages
+
+
+def _two_reads(gateway: RunningGateway) -> tuple[list[dict], str]:
+    """A conversation whose first file is compacted by now; returns it and that file's artifact id."""
+    messages = read_turns(gateway, 2, "SECRET")
     gateway.fake.script(blocks=[{"type": "text", "text": "read"}])
     agent_turn(gateway, messages)
     first = upstream_messages(gateway)[-1]["messages"][2]["content"][0]["content"]
@@ -305,7 +318,15 @@ def test_rehydration_is_answered_inside_the_gateway(gateway: RunningGateway, str
     assert "gateway_rehydrate" not in final.model_dump_json()
     assert final.usage.output_tokens == 22 and final.usage.input_tokens == 400
     first, second = upstream_messages(gateway)
-    assert any(t["name"] == "gateway_rehydrate" for t in first["tools"])
+    # the tool is added mid-conversation, right after the first compacted result, not in `tools`
+    assert all(t["name"] != "gateway_rehydrate" for t in first["tools"])
+    added = [m for m in first["messages"] if m["role"] == "system"]
+    assert added == [addition_message({"name": "gateway_rehydrate", "description": DESCRIPTION,
+                                       "input_schema": PARAMETERS})]
+    at = first["messages"].index(added[0])
+    assert "compacted artifact:" in first["messages"][at - 1]["content"][0]["content"]
+    betas = [r["headers"]["anthropic-beta"] for r in gateway.fake.requests if r.get("path") == "/v1/messages"]
+    assert all(set(BETAS) <= set(b.split(",")) for b in betas)
     answer = second["messages"][-1]["content"][0]
     assert answer["type"] == "tool_result" and answer["tool_use_id"] == "toolu_gw"
     assert answer["content"] == f"SECRET-0\n{FILE}"  # the exact bytes

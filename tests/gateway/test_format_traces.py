@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.format_replay import gap, run
+from bench.format_replay import run, total_reduction
 
 
 def test_every_format_saves_alike_and_markers_keep_the_cache() -> None:
@@ -17,8 +17,13 @@ def test_every_format_saves_alike_and_markers_keep_the_cache() -> None:
     assert len(rows) >= 10
     for row in rows:
         assert row["invalid_requests"] == 0, row
-        assert gap(row) <= 0.02, row
-        assert row["cost_vs_client"] <= 1.04, row  # a trace with nothing to compact pays the tool's schema
+        assert abs(row["reduction_responses"] - row["reduction_chat"]) <= 0.02, row
+        # Anthropic: the first compaction pays for the rehydration tool it adds (bench/format_replay.py),
+        # so a trace may be compacted less there than on the Chat path, never more, never at a loss
+        assert row["reduction_anthropic"] <= row["reduction_chat"] + 0.02, row
+        assert row["cost_vs_client"] <= 1.0, row
+    assert abs(total_reduction(rows, "anthropic") - total_reduction(rows, "chat")) <= 0.02
+    assert abs(total_reduction(rows, "responses") - total_reduction(rows, "chat")) <= 0.02
     heavy = [row["cost_vs_client"] for row in rows if row["tool_calls"] >= 20]
-    assert statistics.median(heavy) <= 0.90
+    assert statistics.median(heavy) <= 0.87
     assert sum(row["reduction_anthropic"] > 0.3 for row in rows) >= 6

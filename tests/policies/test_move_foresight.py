@@ -1,0 +1,79 @@
+"""What the assembler tells the cache markers about the next move, and what a move must pay for.
+
+`Projection.next_move_from` is the first message the next move is expected to
+change (the gateway puts an Anthropic cache marker just before it, so the move
+reads what precedes it from the cache); `first_move_tokens` is what the first
+compaction adds to the prompt besides its memories (the rehydration tool, added
+where the first memory appears on Anthropic), which that move must pay for.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.format_replay import TRACES, load, turns
+from policies.assembler import assemble
+from policies.path_records import records_for_path
+from policies.presets import preset
+from policies.transcript import message_path
+from tests.policies.test_assembler import BIG, conversation, policy, project, tool_round
+
+NOW = 1_800_000_000.0
+
+
+def _projections(path: Path):
+    """The coding-agent projection of every request an agent made in the trace, in order."""
+    messages = load(path)["messages"]
+    pol = preset("coding-agent")
+    for end in turns(messages):
+        sent = messages[:end]
+        yield assemble(pol, sent, records_for_path(message_path("t", sent), NOW), NOW)
+
+
+@pytest.mark.parametrize("path", sorted(TRACES.glob("*.jsonl")), ids=lambda p: p.stem[:40])
+def test_the_foreseen_message_is_the_first_a_move_changes(path: Path) -> None:
+    """Whenever a request changes what an earlier one forwarded (a move), the first message it changes is
+    the one the earlier request foresaw; only a supersession (a later read of the same file, which no
+    one can foresee) may change an earlier one first."""
+    previous = None
+    moves = 0
+    for projection in _projections(path):
+        if previous is not None:
+            changed = next((i for i, sent in enumerate(previous.messages) if projection.messages[i] != sent), None)
+            if changed is not None and projection.decisions[changed].action != "superseded":
+                moves += 1
+                assert changed == previous.next_move_from, (changed, previous.next_move_from)
+        previous = projection
+    if "ponyc" in path.stem or "taubench" in path.stem:
+        assert moves > 0  # the long traces do move
+
+
+def test_nothing_is_foreseen_when_nothing_would_save() -> None:
+    messages = [{"role": "user", "content": "hi"}, *tool_round("c0", "bash", "ok"), *tool_round("c1", "bash", "ok")]
+    projection, _ = project(messages, policy(compaction={"min_tokens": 200}))
+    assert projection.next_move_from is None
+
+
+def test_the_foreseen_message_is_the_next_result_to_leave_the_window() -> None:
+    messages = conversation(3)
+    projection, _ = project(messages, policy())
+    # the first two rounds' results are memories already; the latest round's is next, once another follows
+    assert [projection.decisions[i].action for i in (3, 5)] == ["compacted", "compacted"]
+    assert projection.next_move_from == len(messages) - 1
+    assert projection.decisions[len(messages) - 1].action == "verbatim"
+
+
+def test_the_first_move_pays_for_what_it_adds() -> None:
+    """A compaction that saves less than the tool it would bring along is not made; one that saves more is."""
+    small = "\n".join(f"output line {i} of the build with some words" for i in range(60))
+    messages = [{"role": "user", "content": "go"}, *tool_round("c0", "bash", small), *tool_round("c1", "bash", "ok")]
+    pol = policy()  # a long horizon: a move pays when it saves more than it adds
+    plain, _ = project(messages, pol)
+    assert plain.decisions[2].action == "compacted"
+    saved = plain.decisions[2].tokens_before - plain.decisions[2].tokens_after
+    declined, _ = project(messages, pol, first_move_tokens=saved + 1)
+    assert declined.decisions[2].action == "verbatim" and declined.first_reference is None
+    big = [{"role": "user", "content": "go"}, *tool_round("c0", "bash", BIG), *tool_round("c1", "bash", "ok")]
+    made, _ = project(big, pol, first_move_tokens=saved + 1)
+    assert made.decisions[2].action == "compacted" and made.first_reference == 2
