@@ -330,8 +330,12 @@ class LiteLLMUpstream:
         return _drop_none(response.model_dump(), _KEEP_NULL)
 
     async def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        kwargs = self._plain_kwargs(request)
+        # Usage is always asked for (LiteLLM drops the provider's usage otherwise), so the run is
+        # recorded with its tokens and cost; the caller passes the usage chunk on only if the client asked.
+        kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
         try:
-            chunks = await litellm.atext_completion(**self._plain_kwargs(request), stream=True)
+            chunks = await litellm.atext_completion(**kwargs, stream=True)
             async for chunk in chunks:
                 yield _drop_none(chunk if isinstance(chunk, dict) else chunk.model_dump(), _KEEP_NULL)
         except UpstreamError:
@@ -492,11 +496,21 @@ def _content_type(stream: Any) -> str:
     return f"content-type {headers.get('llm_provider-content-type', 'unknown')}"
 
 
+def _model_info(model: str) -> dict[str, Any] | None:
+    try:
+        return dict(litellm.get_model_info(model))
+    except Exception:  # a model LiteLLM has no price for
+        return None
+
+
 @functools.lru_cache(maxsize=256)
 def _map_prices(model: str) -> Prices | None:
-    try:
-        info = litellm.get_model_info(model)
-    except Exception:  # a model LiteLLM has no price for
+    info = _model_info(model)
+    if info is None and model.startswith("openai/"):
+        # OpenAI's completions-only models (gpt-3.5-turbo-instruct, davinci-002) are priced in LiteLLM's
+        # map under the provider its text_completion reaches them through.
+        info = _model_info("text-completion-openai/" + model.removeprefix("openai/"))
+    if info is None:
         return None
     price_in = info.get("input_cost_per_token")
     if price_in is None:

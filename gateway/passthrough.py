@@ -39,6 +39,7 @@ class _CompletionsBody(_Open):
     model: StrictStr = Field(min_length=1, max_length=256)
     prompt: StrictStr | list[StrictStr] | list[int] | list[list[int]]
     stream: StrictBool | None = None
+    stream_options: dict[str, Any] | None = None
 
 
 def _checked(model: type[BaseModel], body: dict[str, Any]) -> BaseModel:
@@ -82,7 +83,8 @@ async def handle(request: Request, services: Services, kind: str) -> Response:
                                          tokens_forwarded=0, previous_original=0)
         recorder.forwarding()
         if stream:
-            return await _stream(services, upstream, recorder, headers)
+            options = body.get("stream_options") or {}
+            return await _stream(services, upstream, recorder, headers, bool(options.get("include_usage")))
         if kind == "embeddings":
             answer = await services.upstream.embeddings(upstream)
         else:
@@ -102,19 +104,24 @@ def _completion(recorder: RunRecorder, answer: dict[str, Any]) -> Completion:
 
 
 async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRecorder,
-                  headers: dict[str, str]) -> Response:
+                  headers: dict[str, str], wants_usage: bool) -> Response:
+    """The upstream's chunks as they come; its closing usage chunk (always asked for, so the run is
+    recorded with its usage) goes on only if the client asked for it."""
     chunks = FirstRound(services.upstream.stream_text_completion(upstream))
     await chunks.open()  # an error before the first chunk is an ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:
         text: list[str] = []
         last: dict[str, Any] = {}
+        finish = None
         try:
             async for chunk in chunks.replay():
-                last = {**last, **{k: v for k, v in chunk.items() if v is not None}}
-                text += [c.get("text") or "" for c in chunk.get("choices") or []]
-                yield sse_event(chunk)
-            finish = next((c.get("finish_reason") for c in last.get("choices") or [] if c.get("finish_reason")), None)
+                choices = chunk.get("choices") or []
+                last = {**last, **{k: v for k, v in chunk.items() if v is not None and k != "choices"}}
+                text += [c.get("text") or "" for c in choices]
+                finish = next((c["finish_reason"] for c in choices if c.get("finish_reason")), finish)
+                if choices or wants_usage or not chunk.get("usage"):
+                    yield sse_event(chunk)
             answer = {**last, "choices": [{"index": 0, "text": "".join(text), "finish_reason": finish}]}
             await recorder.succeed(_completion(recorder, answer))
             yield SSE_DONE

@@ -43,6 +43,11 @@ def call(call_id: str, command: str) -> dict[str, Any]:
                                                          "arguments": json.dumps({"cmd": command})}}]}
 
 
+def collapsed(kinds: list[str]) -> list[str]:
+    """Event types with runs of the same type (the deltas) counted once."""
+    return [kind for index, kind in enumerate(kinds) if index == 0 or kinds[index - 1] != kind]
+
+
 def assert_paired(body: dict[str, Any]) -> None:
     """Every call is answered by an output after it, and every output answers a call before it."""
     calls: set[str] = set()
@@ -77,8 +82,10 @@ def test_create_and_stream(gateway: RunningGateway) -> None:
         events = [event for event in stream]
         final = stream.get_final_response()
     kinds = [e.type for e in events]
-    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-    assert "response.output_text.delta" in kinds
+    assert collapsed(kinds) == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert final.output_text == "streamed answer" and final.id.startswith("resp_")
 
@@ -91,7 +98,12 @@ def test_a_tool_loop_is_captured_and_old_outputs_become_memories(gateway: Runnin
         gateway.fake.script_message(call(f"call_{number}", f"make module{number}"))
         if stream:
             with sdk(gateway).responses.stream(model="fake", input=items, tools=[SHELL]) as live:
+                kinds = [e.type for e in live]
                 response = live.get_final_response()
+            assert collapsed(kinds) == [
+                "response.created", "response.in_progress", "response.output_item.added",
+                "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                "response.output_item.done", "response.completed"]
         else:
             response = sdk(gateway).responses.create(model="fake", input=items, tools=[SHELL])
         [function_call] = [o for o in response.output if o.type == "function_call"]
@@ -163,6 +175,10 @@ def test_stored_responses_are_the_tenants_own(gateway: RunningGateway) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         sdk(gateway, OTHER_TENANT_KEY).responses.create(model="fake", input="x", previous_response_id=response.id)
     assert refused.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.NotFoundError) as other_delete:
+        sdk(gateway, OTHER_TENANT_KEY).responses.delete(response.id)
+    assert other_delete.value.body["code"] == "response_not_found"
+    assert sdk(gateway).responses.retrieve(response.id).output_text == "stored"  # another tenant's delete did nothing
     sdk(gateway).responses.delete(response.id)
     with pytest.raises(openai.NotFoundError):
         sdk(gateway).responses.retrieve(response.id)

@@ -43,23 +43,37 @@ def test_embeddings_from_the_sdk_and_langchain(gateway: RunningGateway) -> None:
     lc = OpenAIEmbeddings(model="embed", base_url=gateway.api_base, api_key=TENANT_KEY,
                           check_embedding_ctx_length=False, max_retries=0)
     assert len(lc.embed_documents(["a", "b", "c"])) == 3 and len(lc.embed_query("q")) == 8
+    # LangChain's defaults: the texts go as tiktoken token ids, the vectors asked for in base64
+    default = OpenAIEmbeddings(model="embed", base_url=gateway.api_base, api_key=TENANT_KEY, max_retries=0)
+    assert len(default.embed_documents(["alpha beta", "gamma"])) == 2
+    sent = gateway.fake.requests[-1]["body"]
+    assert all(isinstance(ids, list) and all(isinstance(i, int) for i in ids) for ids in sent["input"])
     with gateway.client() as http:
         run = http.get(f"/api/requests/{raw.headers['x-gateway-request-id']}").json()
     assert run["wire_format"] == "openai.embeddings" and run["status"] == "ok"
     assert run["usage"]["prompt_tokens"] > 0 and run["cost_usd"] > 0  # priced by LiteLLM's cost map
     assert run["assembly"] is None and run["path_artifact_ids"] == []  # nothing projected or captured
-    assert ledger_by_model(gateway)["embed"]["requests"] == 3
+    assert ledger_by_model(gateway)["embed"]["requests"] == 4  # the SDK's and LangChain's three
 
 
 def test_completions_json_and_stream(gateway: RunningGateway) -> None:
     client = openai.OpenAI(base_url=gateway.api_base, api_key=TENANT_KEY, max_retries=0)
     text = client.completions.create(model="instruct", prompt="Say hi", max_tokens=5)
     assert text.choices[0].text == " completed text"
-    pieces = [c.choices[0].text or "" for c in client.completions.create(model="instruct", prompt="Say hi", max_tokens=5,
-                                                                   stream=True) if c.choices]
-    assert "".join(pieces) == " completed text"
+    raw = client.completions.with_raw_response.create(model="instruct", prompt="Say hi", max_tokens=5, stream=True)
+    chunks = list(raw.parse())
+    assert "".join(c.choices[0].text or "" for c in chunks if c.choices) == " completed text"
+    assert all(c.choices and c.usage is None for c in chunks)  # no usage chunk: the client did not ask for it
+    asked = list(client.completions.create(model="instruct", prompt="Say hi", max_tokens=5, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert asked[-1].choices == [] and asked[-1].usage.completion_tokens == 3
+    with gateway.client() as http:
+        run = http.get(f"/api/requests/{raw.headers['x-gateway-request-id']}").json()
+    # the streamed run is recorded with the upstream's usage and its price, like the JSON one
+    assert run["wire_format"] == "openai.completions" and run["status"] == "ok" and run["stream"]
+    assert run["usage"]["prompt_tokens"] > 0 and run["usage"]["completion_tokens"] == 3 and run["cost_usd"] > 0
     row = ledger_by_model(gateway)["instruct"]
-    assert row["requests"] == 2 and row["completion_tokens"] >= 3
+    assert row["requests"] == 3 and row["completion_tokens"] == 9 and row["priced_requests"] == 3
 
 
 def test_models_retrieve(gateway: RunningGateway) -> None:
@@ -80,6 +94,7 @@ def test_models_retrieve(gateway: RunningGateway) -> None:
     ("/v1/embeddings", {"model": "embed", "input": [{"x": 1}]}, "input"),
     ("/v1/completions", {"model": "instruct", "prompt": 5}, "prompt"),
     ("/v1/completions", {"prompt": "x"}, "model"),
+    ("/v1/completions", {"model": "instruct", "prompt": "x", "stream": True, "stream_options": "yes"}, "stream_options"),
 ])
 def test_bad_bodies_are_400(gateway: RunningGateway, path: str, body: dict, param: str) -> None:
     with gateway.client() as http:
