@@ -140,3 +140,15 @@ def test_a_move_reads_from_the_cache_everything_before_what_it_changes(gateway: 
         read = cache_usage(sent[index]["body"], written)["cache_read_input_tokens"]
         assert read == sum(block_tokens(b) for b in now[:same]), (index, same)
     assert moves >= 2
+
+
+def test_a_streamed_request_falls_back_too(gateway: RunningGateway) -> None:
+    gateway.fake.state.tool_changes = False
+    messages = read_turns(gateway, 2)
+    gateway.fake.script(blocks=[{"type": "text", "text": "streamed after the fallback"}])
+    reply = agent_turn(gateway, messages, stream=True)
+    assert reply.content[-1].text == "streamed after the fallback" and reply.stop_reason == "end_turn"
+    refused, retried = [r for r in gateway.fake.requests if r.get("path") == "/v1/messages"][-2:]
+    assert any(m["role"] == "system" for m in refused["body"]["messages"]) and refused["body"]["stream"]
+    assert retried["body"]["tools"] == [READ_TOOL, TOOL] and retried["body"]["stream"]
+    assert all(m["role"] != "system" for m in retried["body"]["messages"])
