@@ -244,11 +244,12 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
 
 
 def _capture_and_project(services: Services, recorder: RunRecorder, policy: Policy, model: ModelSettings,
-                         tenant: str, neutral: NeutralRequest, midway: dict[str, Any] | None = None
-                         ) -> tuple[IngestResult, Projection, Records, AssemblyRecord]:
+                         tenant: str, neutral: NeutralRequest, midway: dict[str, Any] | None = None,
+                         foresee: bool = False) -> tuple[IngestResult, Projection, Records, AssemblyRecord]:
     """The request's path in the tenant's tree, captured (the run opens), and its projection with the
     record of its assembly; on a worker thread, in one trip. `midway`: the rehydration tool when it is
-    added where the first memory appears (the first compaction pays for it)."""
+    added where the first memory appears (the first compaction pays for it); `foresee`: the format places
+    cache markers, which go before the message the next move is expected to change."""
     run = recorder.start
     path = message_path(tenant, neutral.messages, ids=services.node_ids)
     started = time.perf_counter()
@@ -266,7 +267,7 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
     with services.tracing.span("gateway.assembly", {"gateway.policy.name": policy.name,
                                                     "gateway.policy.version": policy.version}) as span:
         projection, records, assembly_ms = project(policy, model, path, ingest, services.clock(), run.participant,
-                                                   added_tool=midway)
+                                                   added_tool=midway, foresee=foresee)
         if span.is_recording():
             span.set_attributes(assembly_attributes(path, projection))
     timings = {"ingest": round(ingest_ms, 3), "assemble": round(assembly_ms, 3)}
@@ -346,8 +347,9 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     async with recorder:
         # One trip to a worker thread: placing the messages, capturing them, assembling the projection.
         midway = _midway_tool(wire, policy, model, neutral)
+        foresee = isinstance(wire, AnthropicMessages) and policy.cache_markers
         ingest, projection, records, record = await run_in_threadpool(
-            _capture_and_project, services, recorder, policy, model, tenant.id, neutral, midway)
+            _capture_and_project, services, recorder, policy, model, tenant.id, neutral, midway, foresee)
         recorder.accounting = Accounting(
             prices=services.upstream.prices(model.litellm_params),
             tokens_original=projection.tokens_original,

@@ -9,7 +9,7 @@ from gateway.errors import ContextBudgetExceeded
 from gateway.tool_additions import addition_message
 from policies import assembler
 from policies.assembler import Projection, Records, assemble
-from policies.path_records import records_for_path
+from policies.path_records import path_tokens, records_for_path
 from policies.policy import Policy
 from policies.tokens import count_text, encoding_for_model
 from policies.transcript import PathNode, canonical_json, message_path
@@ -26,11 +26,13 @@ def project(
     now: float,
     participant: str,
     added_tool: Mapping[str, Any] | None = None,
+    foresee: bool = False,
 ) -> tuple[Projection, Records, float]:
     """The projection of `path` for `model` and `participant` under `policy` at `now`.
 
     `added_tool`: a tool added mid-conversation where the first memory appears
-    (gateway/tool_additions.py), so the first compaction must pay for it too.
+    (gateway/tool_additions.py), so the first compaction must pay for it too. `foresee`: say where the
+    next move is expected to start (for cache markers).
     Returns the records it was assembled from too (rehydration checks lineage
     against them), and the milliseconds the assembly took. Raises ContextBudgetExceeded.
     """
@@ -48,7 +50,8 @@ def project(
     try:
         projection = assemble(policy, [n.message for n in path], records, now,
                               provider=model.provider_name, encoding=encoding, participant=participant,
-                              first_move_tokens=_tokens_added(added_tool, encoding))
+                              first_move_tokens=_tokens_added(added_tool, encoding),
+                              tokens=path_tokens(path, encoding), foresee=foresee)
     except assembler.ContextBudgetExceeded as exc:
         raise ContextBudgetExceeded(
             f"Context budget exceeded: {exc}. Shorten the conversation or raise budget.max_prompt_tokens.",

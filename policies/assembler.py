@@ -96,7 +96,7 @@ class Projection:
     boundary_round: int  # rounds before this are rendered as of the epoch
     epoch_round: int  # the round count at which the current epoch began
     boundary_index: int = -1  # the last message of the last round before the boundary (-1: none)
-    next_move_from: int | None = None  # the first message the next move is expected to change
+    next_move_from: int | None = None  # the first message the next move is expected to change (if foreseen)
     assembler_version: str = ASSEMBLER_VERSION
 
     @property
@@ -183,13 +183,13 @@ class _Assembly:
 
     def __init__(self, policy: Policy, messages: Sequence[Mapping[str, Any]], records: Records,
                  now: float, provider: str, encoding: str, participant: str | None,
-                 first_move_tokens: int = 0) -> None:
+                 first_move_tokens: int = 0, tokens: Sequence[int] | None = None, foresee: bool = False) -> None:
         self.policy, self.c = policy, policy.compaction
-        self.first_move_tokens = first_move_tokens
+        self.first_move_tokens, self.foresee = first_move_tokens, foresee
         self.messages, self.records = messages, records
         self.now, self.provider, self.encoding, self.participant = now, provider, encoding, participant
         self.rounds = _rounds(messages)
-        self.tokens = [message_tokens(m, encoding) for m in messages]
+        self.tokens = list(tokens) if tokens is not None else [message_tokens(m, encoding) for m in messages]
         self.round_of: dict[int, int] = {}
         for number, rnd in enumerate(self.rounds, start=1):
             for index in (rnd.assistant, *rnd.tools):
@@ -583,7 +583,7 @@ class _Assembly:
                 boundary, epoch_round = eligible, t
                 window = _Window(upto=eligible)
         as_of = {number: max(t, refreshed) for number, t in compacted_at.items()}
-        upcoming = self._upcoming(window, boundary, span, move_saving)
+        upcoming = self._upcoming(window, boundary, span, move_saving) if self.foresee else None
         return _Epochs(boundary, epoch_round, as_of, frozenset(pinned), upcoming)
 
     def _upcoming(self, window: _Window, boundary: int, span: Callable[[int, int], int],
@@ -648,13 +648,19 @@ def assemble(
     encoding: str = DEFAULT_ENCODING,
     participant: str | None = None,
     first_move_tokens: int = 0,
+    tokens: Sequence[int] | None = None,
+    foresee: bool = False,
 ) -> Projection:
     """Project `messages` for `participant` (None: whoever owns everything) at `now`.
 
     `first_move_tokens`: what the first compaction adds to the prompt besides its memories (the
-    rehydration tool, when it is declared where the first memory appears); that move must pay for it."""
-    state = _Assembly(policy, messages, records, now, provider, encoding, participant, first_move_tokens)
+    rehydration tool, when it is declared where the first memory appears); that move must pay for it.
+    `tokens`: `message_tokens` of each message, when the caller has them already (policies/path_records.py
+    remembers them per node). `foresee`: work out `next_move_from` (only cache markers need it)."""
+    state = _Assembly(policy, messages, records, now, provider, encoding, participant, first_move_tokens, tokens,
+                      foresee)
     out: list[dict[str, Any]] = [dict(m) for m in messages]
+    as_sent = list(out)  # a message replaced in `out` is a new object
     decisions: dict[int, Decision] = {}
     omissions: Counter[str] = Counter()
     epochs = state.epochs() if policy.enabled else _Epochs(0, 0, {}, frozenset())
@@ -727,7 +733,11 @@ def assemble(
         if index not in decisions:
             decisions[index] = Decision(index, str(message.get("role")), "verbatim", "kept", None,
                                         state.tokens[index], state.tokens[index])
-    forwarded = sum(message_tokens(m, encoding) for m in projection_messages)
+    if projection_messages is out:  # nothing omitted: a message forwarded as it came counts as it came
+        forwarded = sum(state.tokens[i] if sent is as_sent[i] else message_tokens(sent, encoding)
+                        for i, sent in enumerate(out))
+    else:
+        forwarded = sum(message_tokens(m, encoding) for m in projection_messages)
     return Projection(
         messages=projection_messages,
         decisions=tuple(decisions[i] for i in range(len(messages))),

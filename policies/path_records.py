@@ -14,7 +14,8 @@ from typing import Mapping, Sequence
 
 from policies.assembler import Records
 from policies.memories import ArtifactView
-from policies.tokens import DEFAULT_ENCODING, count_text
+from policies.result_facts import BoundedCache
+from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
 
@@ -45,6 +46,24 @@ def _facts(node: PathNode, encoding: str) -> tuple[str, str, str, int]:
         if len(_FACTS) > _FACTS_SIZE:
             _FACTS.popitem(last=False)
     return (text, *facts)
+
+
+_MESSAGE_TOKENS = BoundedCache(262144)  # (node id, encoding) -> tokens of the node's message
+
+
+def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> list[int]:
+    """`message_tokens` of each message of the path, remembered by node id: a node id names its
+    message, and an agent re-sends the same messages every turn, so each is counted once per process
+    (without hashing its text again, as a cache keyed by text would)."""
+    out = []
+    for node in path:
+        key = (node.id, encoding)
+        tokens = _MESSAGE_TOKENS.get(key)
+        if tokens is None:
+            tokens = message_tokens(node.message, encoding)
+            _MESSAGE_TOKENS.put(key, tokens)
+        out.append(tokens)
+    return out
 
 
 def records_for_path(

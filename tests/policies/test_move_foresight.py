@@ -4,7 +4,8 @@
 change (the gateway puts an Anthropic cache marker just before it, so the move
 reads what precedes it from the cache); `first_move_tokens` is what the first
 compaction adds to the prompt besides its memories (the rehydration tool, added
-where the first memory appears on Anthropic), which that move must pay for.
+where the first memory appears on Anthropic), which that move must pay for. And the token
+counts the gateway remembers per node change no projection.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 
 from bench.format_replay import TRACES, load, turns
 from policies.assembler import assemble
-from policies.path_records import records_for_path
+from policies.path_records import path_tokens, records_for_path
 from policies.presets import preset
+from policies.tokens import message_tokens
 from policies.transcript import message_path
 from tests.policies.test_assembler import BIG, conversation, policy, project, tool_round
 
@@ -28,7 +30,7 @@ def _projections(path: Path):
     pol = preset("coding-agent")
     for end in turns(messages):
         sent = messages[:end]
-        yield assemble(pol, sent, records_for_path(message_path("t", sent), NOW), NOW)
+        yield assemble(pol, sent, records_for_path(message_path("t", sent), NOW), NOW, foresee=True)
 
 
 @pytest.mark.parametrize("path", sorted(TRACES.glob("*.jsonl")), ids=lambda p: p.stem[:40])
@@ -51,13 +53,14 @@ def test_the_foreseen_message_is_the_first_a_move_changes(path: Path) -> None:
 
 def test_nothing_is_foreseen_when_nothing_would_save() -> None:
     messages = [{"role": "user", "content": "hi"}, *tool_round("c0", "bash", "ok"), *tool_round("c1", "bash", "ok")]
-    projection, _ = project(messages, policy(compaction={"min_tokens": 200}))
+    projection, _ = project(messages, policy(compaction={"min_tokens": 200}), foresee=True)
     assert projection.next_move_from is None
 
 
 def test_the_foreseen_message_is_the_next_result_to_leave_the_window() -> None:
     messages = conversation(3)
-    projection, _ = project(messages, policy())
+    assert project(messages, policy())[0].next_move_from is None  # not asked for
+    projection, _ = project(messages, policy(), foresee=True)
     # the first two rounds' results are memories already; the latest round's is next, once another follows
     assert [projection.decisions[i].action for i in (3, 5)] == ["compacted", "compacted"]
     assert projection.next_move_from == len(messages) - 1
@@ -77,3 +80,19 @@ def test_the_first_move_pays_for_what_it_adds() -> None:
     big = [{"role": "user", "content": "go"}, *tool_round("c0", "bash", BIG), *tool_round("c1", "bash", "ok")]
     made, _ = project(big, pol, first_move_tokens=saved + 1)
     assert made.decisions[2].action == "compacted" and made.first_reference == 2
+
+
+@pytest.mark.parametrize("path", sorted(TRACES.glob("*.jsonl"))[::3], ids=lambda p: p.stem[:40])
+def test_counts_remembered_per_node_change_nothing(path: Path) -> None:
+    """Token counts taken from the per-node memo (policies/path_records.py) give the same projection as
+    counting afresh, and the forwarded total is what the forwarded messages count."""
+    messages = load(path)["messages"]
+    pol = preset("coding-agent")
+    for end in turns(messages)[::4]:
+        sent = messages[:end]
+        nodes = message_path("t", sent)
+        records = records_for_path(nodes, NOW)
+        fresh = assemble(pol, sent, records, NOW)
+        remembered = assemble(pol, sent, records, NOW, tokens=path_tokens(nodes))
+        assert remembered == fresh
+        assert fresh.tokens_forwarded == sum(message_tokens(m) for m in fresh.messages)
