@@ -51,7 +51,7 @@ def project(
         projection = assemble(policy, [n.message for n in path], records, now,
                               provider=model.provider_name, encoding=encoding, participant=participant,
                               first_move_tokens=_tokens_added(added_tool, encoding),
-                              tokens=path_tokens(path, encoding), foresee=foresee)
+                              tokens=path_tokens(path, encoding), foresee=foresee, node_ids=[n.id for n in path])
     except assembler.ContextBudgetExceeded as exc:
         raise ContextBudgetExceeded(
             f"Context budget exceeded: {exc}. Shorten the conversation or raise budget.max_prompt_tokens.",

@@ -143,6 +143,32 @@ class _Epochs:
     upcoming: int | None = None  # the first message the next move is expected to change
 
 
+@dataclass
+class _Replay:
+    """The epoch replay's state after round `t` (see `_Assembly.epochs`)."""
+
+    t: int
+    boundary: int
+    epoch_round: int
+    compacted_at: dict[int, int]  # round number -> the round count whose move compacted it
+    refreshed: int  # the latest refresh re-rendered every round compacted by then
+    window: _Window
+    pinned: set[int]  # messages a move left verbatim for good: compacting them never paid
+
+    def copy(self) -> "_Replay":
+        window = _Window(upto=self.window.upto, values=dict(self.window.values), total=self.window.total,
+                         _saving=list(self.window._saving))
+        return _Replay(self.t, self.boundary, self.epoch_round, dict(self.compacted_at), self.refreshed, window,
+                       set(self.pinned))
+
+
+# Replays by (node id at a round's end, context): a conversation's next request resumes where its
+# previous one left off instead of replaying every round again. Pure: a state is a function of its key.
+# One entry per request, holding a few small ints per round: 512 conversations stay resumable (about
+# 20 MB at worst, for 500-round conversations); a conversation that fell out replays in full once.
+_REPLAYS = BoundedCache(512)
+_RESUME_LOOKBACK = 4
+
 _START_CANDIDATES = 64  # where a move may start: the first this many messages of the window that save
 
 
@@ -183,9 +209,13 @@ class _Assembly:
 
     def __init__(self, policy: Policy, messages: Sequence[Mapping[str, Any]], records: Records,
                  now: float, provider: str, encoding: str, participant: str | None,
-                 first_move_tokens: int = 0, tokens: Sequence[int] | None = None, foresee: bool = False) -> None:
+                 first_move_tokens: int = 0, tokens: Sequence[int] | None = None, foresee: bool = False,
+                 node_ids: Sequence[str] | None = None) -> None:
         self.policy, self.c = policy, policy.compaction
-        self.first_move_tokens, self.foresee = first_move_tokens, foresee
+        self.first_move_tokens, self.foresee, self.node_ids = first_move_tokens, foresee, node_ids
+        # everything besides the messages that a saving reads (see `_replay_key`)
+        self.context_key = (policy.fingerprint, provider, encoding, participant, first_move_tokens,
+                            frozenset(records.subagent_results.items()))
         self.messages, self.records = messages, records
         self.now, self.provider, self.encoding, self.participant = now, provider, encoding, participant
         self.rounds = _rounds(messages)
@@ -499,9 +529,6 @@ class _Assembly:
         previous one and the provider's prefix cache keeps hitting.
         """
         keep = self.c.keep_recent_rounds
-        boundary, epoch_round = 0, 0
-        compacted_at: dict[int, int] = {}  # round number -> the round count whose move compacted it
-        refreshed = 0  # the latest refresh re-rendered every round compacted by then
         prefix = [0]
         for tokens in self.tokens:
             prefix.append(prefix[-1] + tokens)
@@ -521,8 +548,6 @@ class _Assembly:
         superseded_at: dict[int, list[int]] = {}  # round -> results a result of that round supersedes
         for earlier, later in self.superseder.items():
             superseded_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
-        window = _Window(upto=0)
-        pinned: set[int] = set()  # messages a move left verbatim for good: compacting them never paid
 
         def forced_break(t: int, eligible: int, previous_end: int) -> int:
             """The first message that changes at round `t` whatever the boundary does (superseded now)."""
@@ -533,7 +558,8 @@ class _Assembly:
             """What compacting result `i` saves at round `t`; a superseded one is a notice at any boundary."""
             return 0 if self.superseded_by(i, t) else self.saving(i, t)
 
-        for t in range(1, len(self.rounds) + 1):
+        r = self._resumed_replay()  # the replay as an earlier request of this conversation left it
+        for t in range(r.t + 1, len(self.rounds) + 1):
             # the previous request ended just before round t's assistant message: the rounds before it
             # and whatever prose and user turns followed them
             previous_end = self.rounds[t - 1].assistant - 1
@@ -541,26 +567,27 @@ class _Assembly:
             gains = {}
             for i in retries.get(t, ()):
                 number = self.round_of[i]
-                if number > boundary or self.superseded_by(i, t):
+                if number > r.boundary or self.superseded_by(i, t):
                     continue
-                gain = self.saving(i, t) - self.saving(i, max(compacted_at[number], refreshed))
+                gain = self.saving(i, t) - self.saving(i, max(r.compacted_at[number], r.refreshed))
                 if gain > 0:
                     gains[i] = gain
             if gains:
                 first = min(gains)
                 resent = span(first, previous_end) - sum(
                     self.saving(i, t) for i in range(first, previous_end + 1)
-                    if i in self.records.artifacts and self.round_of.get(i, 0) <= boundary and i not in pinned
+                    if i in self.records.artifacts and self.round_of.get(i, 0) <= r.boundary and i not in r.pinned
                 )
                 if self._pays(sum(gains.values()), max(0, resent), t):
-                    refreshed = t
+                    r.refreshed = t
             # 2. move the boundary past the rounds that left the verbatim window
             eligible = t - keep
-            if eligible <= boundary:
+            if eligible <= r.boundary:
                 continue
             # What a move would save: the rounds between the boundary and `eligible`, their results
             # and their long call arguments, kept current as rounds join and as later results
             # supersede or retry them (the only facts that change a saving as t grows).
+            window = r.window
             for rnd in self.rounds[window.upto:eligible]:
                 for i in rnd.tools:
                     window.put(i, move_saving(i, t))
@@ -569,22 +596,49 @@ class _Assembly:
             for i in changes_at.get(t, ()):
                 if i in window.values:
                     window.put(i, move_saving(i, t))
-            tail = span(self.rounds[boundary].assistant, self.rounds[t - 1].end)
+            tail = span(self.rounds[r.boundary].assistant, self.rounds[t - 1].end)
             if tail < self.c.trigger_tokens:
                 continue
             if window.first() is None:
                 continue
             start = self._best_start(window, span, forced_break(t, eligible, previous_end), t,
-                                     self.first_move_tokens if boundary == 0 else 0)
+                                     self.first_move_tokens if r.boundary == 0 else 0)
             if start is not None:
-                pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
-                for number in range(boundary + 1, eligible + 1):
-                    compacted_at[number] = t
-                boundary, epoch_round = eligible, t
-                window = _Window(upto=eligible)
-        as_of = {number: max(t, refreshed) for number, t in compacted_at.items()}
-        upcoming = self._upcoming(window, boundary, span, move_saving) if self.foresee else None
-        return _Epochs(boundary, epoch_round, as_of, frozenset(pinned), upcoming)
+                r.pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
+                for number in range(r.boundary + 1, eligible + 1):
+                    r.compacted_at[number] = t
+                r.boundary, r.epoch_round = eligible, t
+                r.window = _Window(upto=eligible)
+        r.t = len(self.rounds)
+        self._remember_replay(r)
+        as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()}
+        upcoming = self._upcoming(r.window, r.boundary, span, move_saving) if self.foresee else None
+        return _Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming)
+
+    # -- the replay, resumed across requests ------------------------------------
+
+    def _replay_key(self, t: int) -> tuple[Any, ...] | None:
+        """What the replay's state after round `t` is a function of: the messages up to that round's end
+        (named by the node id of its last message) and everything else the savings read."""
+        if self.node_ids is None or t == 0:
+            return None
+        return (self.node_ids[self.rounds[t - 1].end], self.context_key)
+
+    def _resumed_replay(self) -> _Replay:
+        """The replay's state after the latest round an earlier request of this conversation replayed
+        (looked for at the last few rounds: an agent adds one or two per request), or a fresh one."""
+        for t in range(len(self.rounds), max(0, len(self.rounds) - _RESUME_LOOKBACK), -1):
+            key = self._replay_key(t)
+            found = _REPLAYS.get(key) if key is not None else None
+            if found is not None:
+                return found.copy()
+        return _Replay(t=0, boundary=0, epoch_round=0, compacted_at={}, refreshed=0, window=_Window(upto=0),
+                       pinned=set())
+
+    def _remember_replay(self, replay: _Replay) -> None:
+        key = self._replay_key(replay.t)
+        if key is not None and _REPLAYS.get(key) is None:
+            _REPLAYS.put(key, replay.copy())
 
     def _upcoming(self, window: _Window, boundary: int, span: Callable[[int, int], int],
                   move_saving: Callable[[int, int], int]) -> int | None:
@@ -650,15 +704,18 @@ def assemble(
     first_move_tokens: int = 0,
     tokens: Sequence[int] | None = None,
     foresee: bool = False,
+    node_ids: Sequence[str] | None = None,
 ) -> Projection:
     """Project `messages` for `participant` (None: whoever owns everything) at `now`.
 
     `first_move_tokens`: what the first compaction adds to the prompt besides its memories (the
     rehydration tool, when it is declared where the first memory appears); that move must pay for it.
     `tokens`: `message_tokens` of each message, when the caller has them already (policies/path_records.py
-    remembers them per node). `foresee`: work out `next_move_from` (only cache markers need it)."""
+    remembers them per node). `foresee`: work out `next_move_from` (only cache markers need it).
+    `node_ids`: the path's node ids, which name each prefix of the conversation: the epoch replay
+    resumes from where an earlier request with the same prefix left it."""
     state = _Assembly(policy, messages, records, now, provider, encoding, participant, first_move_tokens, tokens,
-                      foresee)
+                      foresee, node_ids)
     out: list[dict[str, Any]] = [dict(m) for m in messages]
     as_sent = list(out)  # a message replaced in `out` is a new object
     decisions: dict[int, Decision] = {}

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from bench.format_replay import TRACES, load, turns
-from policies.assembler import assemble
+from policies.assembler import _Assembly, assemble
 from policies.path_records import path_tokens, records_for_path
 from policies.presets import preset
-from policies.tokens import message_tokens
+from policies.tokens import DEFAULT_ENCODING, message_tokens
 from policies.transcript import message_path
 from tests.policies.test_assembler import BIG, conversation, policy, project, tool_round
 
@@ -96,3 +96,32 @@ def test_counts_remembered_per_node_change_nothing(path: Path) -> None:
         remembered = assemble(pol, sent, records, NOW, tokens=path_tokens(nodes))
         assert remembered == fresh
         assert fresh.tokens_forwarded == sum(message_tokens(m) for m in fresh.messages)
+
+
+@pytest.mark.parametrize("path", sorted(TRACES.glob("*.jsonl")), ids=lambda p: p.stem[:40])
+def test_a_resumed_replay_gives_what_a_full_replay_gives(path: Path) -> None:
+    """With node ids the epoch replay resumes where the conversation's previous request left it
+    (policies/assembler.py `_REPLAYS`); every request, and a branch that re-sends an earlier prefix with
+    another ending, projects exactly as replaying every round afresh does."""
+    messages = load(path)["messages"]
+    pol = preset("coding-agent")
+    tenant = f"resume-{path.stem}"
+
+    def both(sent: list[dict]) -> None:
+        nodes = message_path(tenant, sent)
+        records = records_for_path(nodes, NOW)
+        fresh = assemble(pol, sent, records, NOW, foresee=True)
+        resumed = assemble(pol, sent, records, NOW, foresee=True, node_ids=[n.id for n in nodes])
+        assert resumed == fresh, len(sent)
+
+    ends = turns(messages)
+    for end in ends:
+        both(messages[:end])
+    last = messages[:ends[-1]]
+    nodes = message_path(tenant, last)
+    state = _Assembly(pol, last, records_for_path(nodes, NOW), NOW, "openai", DEFAULT_ENCODING, None,
+                      node_ids=[n.id for n in nodes])
+    if state.rounds:
+        assert state._resumed_replay().t == len(state.rounds)  # the replay resumes, it is not redone
+    for end in ends[len(ends) // 2::3]:  # a branch: an earlier prefix, then a different last turn
+        both([*messages[:end], {"role": "user", "content": f"instead, stop at {end}"}])
