@@ -2,7 +2,10 @@
 
 A synthetic coding-agent transcript of N tool rounds (60-line outputs, every seventh one
 a failure), projected under the coding-agent preset: the path hashing, the records and
-the assembly, as the gateway does them per request.
+the assembly, as the gateway does them per request. "assemble ms" replays every round
+(a conversation the process has not seen); "next request ms" is the assembly of the N-round
+request right after the (N-1)-round one, as the gateway does it (token counts remembered per
+node, the epoch replay resumed from the previous request's state).
 
 .venv/bin/python bench/assembly_scaling.py [--rounds 100 300 600] [--repeats 5] [--small]
 """
@@ -19,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.encodings import use_bundled_encodings  # noqa: E402
 from policies.assembler import assemble  # noqa: E402
-from policies.path_records import records_for_path  # noqa: E402
+from policies.path_records import path_tokens, records_for_path  # noqa: E402
 from policies.presets import preset  # noqa: E402
 from policies.transcript import message_path  # noqa: E402
 
@@ -47,11 +50,12 @@ def main() -> None:
     args = parser.parse_args()
     policy = preset("coding-agent")
     print(f"command: {' '.join(sys.argv)}")
-    print(f"{'rounds':>7} {'messages':>9} {'total ms':>9} {'assemble ms':>12} {'tokens sent':>12} {'forwarded':>10}")
+    print(f"{'rounds':>7} {'messages':>9} {'total ms':>9} {'assemble ms':>12} {'next request ms':>16} "
+          f"{'tokens sent':>12} {'forwarded':>10}")
     for rounds in args.rounds:
         messages = transcript(rounds, args.small)
-        totals, assembling = [], []
-        for _ in range(args.repeats + 1):  # the first run fills the caches a live gateway has warm
+        totals, assembling, following = [], [], []
+        for repeat in range(args.repeats + 1):  # the first run fills the caches a live gateway has warm
             started = time.perf_counter()
             path = message_path("bench", messages)
             records = records_for_path(path, 0.0)
@@ -60,8 +64,18 @@ def main() -> None:
             done = time.perf_counter()
             totals.append((done - started) * 1000)
             assembling.append((done - assembling_from) * 1000)
+            # the gateway's way: the previous request (one round less) first, then this one
+            earlier = message_path(f"bench-{repeat}", messages[:-2])
+            assemble(policy, messages[:-2], records_for_path(earlier, 0.0), 0.0, tokens=path_tokens(earlier),
+                     node_ids=[n.id for n in earlier])
+            path = message_path(f"bench-{repeat}", messages)
+            records = records_for_path(path, 0.0)
+            assembling_from = time.perf_counter()
+            assemble(policy, messages, records, 0.0, tokens=path_tokens(path), node_ids=[n.id for n in path])
+            following.append((time.perf_counter() - assembling_from) * 1000)
         print(f"{rounds:>7} {len(messages):>9} {statistics.median(totals[1:]):>9.1f} "
-              f"{statistics.median(assembling[1:]):>12.1f} {projection.tokens_original:>12} {projection.tokens_forwarded:>10}")
+              f"{statistics.median(assembling[1:]):>12.1f} {statistics.median(following[1:]):>16.1f} "
+              f"{projection.tokens_original:>12} {projection.tokens_forwarded:>10}")
 
 
 if __name__ == "__main__":
