@@ -242,14 +242,19 @@ class LiteLLMUpstream:
     def _messages_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
         return self._call_kwargs(request, _MESSAGES_PARAMS.__contains__, stream=stream, unnamed="drop")
 
-    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
+    async def _create_message(self, request: UpstreamRequest, stream: bool) -> Any:
+        """`litellm.anthropic.messages.acreate` for the request as this deployment takes it, sent again
+        with the tools declared in `tools` if the deployment refuses tools added mid-conversation."""
         request = self._tool_changes_for(request)
         try:
-            try:
-                response = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=False))
-            except Exception as exc:
-                request = self._refused_tool_changes(request, map_error(exc), exc)
-                response = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=False))
+            return await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=stream))
+        except Exception as exc:
+            request = self._refused_tool_changes(request, map_error(exc), exc)
+        return await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=stream))
+
+    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
+        try:
+            response = await self._create_message(request, stream=False)
         except UpstreamError:
             raise
         except Exception as exc:
@@ -260,13 +265,8 @@ class LiteLLMUpstream:
         return body
 
     async def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        request = self._tool_changes_for(request)
         try:
-            try:
-                stream = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=True))
-            except Exception as exc:
-                request = self._refused_tool_changes(request, map_error(exc), exc)
-                stream = await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=True))
+            stream = await self._create_message(request, stream=True)
             if not hasattr(stream, "__aiter__"):  # a whole message (LiteLLM's mock answers so): its events
                 for event in message_events(stream if isinstance(stream, dict) else stream.model_dump()):
                     yield event

@@ -40,7 +40,7 @@ from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
 from gateway.wire.openai_responses import check_pairs, output_to_neutral
 from gateway.wire.json_body import check_text
-from policies.assembler import Projection, Records
+from policies.assembly_types import Projection, Records
 from policies.policy import Policy
 from policies.transcript import message_path
 from storage.record_types import AssemblyRecord, IngestResult, RunStart, UnknownParentRequest, UnstorableValue
@@ -150,7 +150,8 @@ def model_for(services: Services, tenant: TenantSettings, name: str) -> ModelSet
 def _conversation(services: Services, run: RunStart, request: Request, neutral: NeutralRequest,
                   wire: WireFormat, model: ModelSettings, policy: Policy, projection: Projection,
                   records: Records, assembly: AssemblyRecord, previous_end: int | None,
-                  attempts: list[Attempt], models_allowed: frozenset[str] | None) -> Conversation:
+                  attempts: list[Attempt], models_allowed: frozenset[str] | None,
+                  midway: dict[str, Any] | None) -> Conversation:
     """The upstream request: the projection, plus the rehydration tool (when the client sends tools and
     the policy compacts).
 
@@ -168,9 +169,7 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=run.tenant,
                                 participant=run.participant, provider=model.provider_name,
                                 decisions=assembly.decisions)
-    midway = _midway_tool(wire, policy, model, neutral)
-    if midway is not None and isinstance(wire, AnthropicMessages) and \
-            not any(d.action == "omitted" for d in projection.decisions):  # indices line up
+    if midway is not None and isinstance(wire, AnthropicMessages) and projection.aligned:
         first = projection.first_reference
         body = wire.upstream_body(neutral, projection.messages, stable,
                                   addition=(midway, first) if first is not None else None)
@@ -230,7 +229,7 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
         return []
     messages = projection.messages
     last = len(messages) - 1
-    if any(d.action == "omitted" for d in projection.decisions):  # indices no longer line up
+    if not projection.aligned:
         return [last]
     asked = last
     while asked >= 0 and messages[asked].get("role") == "tool":
@@ -366,7 +365,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         }
         conversation = _conversation(services, run, request, neutral, wire, model, policy, projection, records,
                                      assembly, ingest.previous_leaf_position, recorder.attempts,
-                                     tenant.allowed_models)
+                                     tenant.allowed_models, midway)
         recorder.forwarding()
         if neutral.stream:
             return await _stream(services, wire, neutral, conversation, recorder, headers)

@@ -7,8 +7,9 @@ from typing import Any, Mapping
 from gateway.config import ModelSettings
 from gateway.errors import ContextBudgetExceeded
 from gateway.tool_additions import addition_message
-from policies import assembler
-from policies.assembler import Projection, Records, assemble
+from policies import assembly_types
+from policies.assembler import assemble
+from policies.assembly_types import Projection, Records
 from policies.path_records import path_tokens, records_for_path
 from policies.policy import Policy
 from policies.tokens import count_text, encoding_for_model
@@ -52,7 +53,7 @@ def project(
                               provider=model.provider_name, encoding=encoding, participant=participant,
                               first_move_tokens=_tokens_added(added_tool, encoding),
                               tokens=path_tokens(path, encoding), foresee=foresee, node_ids=[n.id for n in path])
-    except assembler.ContextBudgetExceeded as exc:
+    except assembly_types.ContextBudgetExceeded as exc:
         raise ContextBudgetExceeded(
             f"Context budget exceeded: {exc}. Shorten the conversation or raise budget.max_prompt_tokens.",
             param="messages",
@@ -72,7 +73,7 @@ def projected_tokens(policy: Policy, model: ModelSettings, tenant: str, request:
     records = records_for_path(path, now, encoding=encoding)
     try:
         projection = assemble(policy, request.messages, records, now, provider=model.provider_name, encoding=encoding)
-    except assembler.ContextBudgetExceeded as exc:
+    except assembly_types.ContextBudgetExceeded as exc:
         raise ContextBudgetExceeded(f"Context budget exceeded: {exc}.", param="messages") from exc
     tools = request.tools
     return projection.tokens_forwarded + (count_text(canonical_json(tools), encoding) if tools else 0)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from policies.assembler import Records
+from policies.assembly_types import Records
 from policies.memories import ArtifactView
 from policies.policy import Policy
 from policies.tokens import count_text

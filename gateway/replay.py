@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from policies.assembler import Projection, assemble
+from policies.assembler import assemble
+from policies.assembly_types import Projection
 from policies.path_records import records_for_path
 from policies.policy import Policy
 from policies.protocol import orphan_tool_messages

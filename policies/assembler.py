@@ -26,89 +26,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from policies.memories import (
-    ArtifactView, compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of,
+    compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of,
 )
 from policies.policy import Policy, ToolRule
 from policies.result_facts import (
     BoundedCache, argument_value, loose_digest, revision_of, short_values, shown_revision,
 )
+from policies.assembly_types import Decision, Projection, Records
+from policies.budget_fit import fit_budget
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
-
-ASSEMBLER_VERSION = "1"
-_REFERENCING = frozenset({"compacted", "stale", "superseded", "withheld", "arguments_compacted"})
-
-
-class ContextBudgetExceeded(Exception):
-    def __init__(self, needed: int, budget: int) -> None:
-        self.needed, self.budget = needed, budget
-        super().__init__(
-            f"the messages that must be forwarded verbatim take {needed} tokens; "
-            f"the policy's prompt budget is {budget}"
-        )
-
-
-@dataclass(frozen=True)
-class Records:
-    """What the store knows of the path: artifacts by the index of their tool message."""
-
-    artifacts: Mapping[int, ArtifactView]
-    argument_refs: Mapping[tuple[int, str], str] = field(default_factory=dict)  # (index, call id) -> artifact id
-    sibling_artifacts: int = 0  # artifacts of the same session off this path
-    subagent_results: Mapping[str, str] = field(default_factory=dict)  # sha256 -> tool name, of child runs' results
-
-    def lineage(self) -> set[str]:
-        """Every artifact id this request's path may name: its results and its calls' arguments."""
-        return {v.artifact_id for v in self.artifacts.values()} | set(self.argument_refs.values())
-
-
-@dataclass(frozen=True)
-class Decision:
-    index: int
-    role: str
-    action: str  # verbatim | compacted | stale | superseded | withheld | omitted | protected | arguments_compacted
-    reason: str
-    artifact_id: str | None = None
-    tokens_before: int = 0
-    tokens_after: int = 0
-    kept: str = ""  # a memory's lines and why each was kept, e.g. "1-2 head; 24 condition+negation; 80 tail"
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {
-            "index": self.index, "role": self.role, "action": self.action, "reason": self.reason,
-            "artifact_id": self.artifact_id, "tokens_before": self.tokens_before,
-            "tokens_after": self.tokens_after,
-        }
-        if self.kept:
-            out["kept"] = self.kept
-        return out
-
-
-@dataclass(frozen=True)
-class Projection:
-    messages: list[dict[str, Any]]
-    decisions: tuple[Decision, ...]
-    omissions: dict[str, int]
-    tokens_original: int
-    tokens_forwarded: int
-    policy_name: str
-    policy_version: str
-    boundary_round: int  # rounds before this are rendered as of the epoch
-    epoch_round: int  # the round count at which the current epoch began
-    boundary_index: int = -1  # the last message of the last round before the boundary (-1: none)
-    next_move_from: int | None = None  # the first message the next move is expected to change (if foreseen)
-    assembler_version: str = ASSEMBLER_VERSION
-
-    @property
-    def names_artifacts(self) -> bool:
-        """Whether any forwarded message stands in for content by naming `artifact:<id>`."""
-        return self.first_reference is not None
-
-    @property
-    def first_reference(self) -> int | None:
-        """The first message that stands in for content by naming `artifact:<id>` (None: none does)."""
-        return next((d.index for d in self.decisions if d.action in _REFERENCING), None)
-
 
 _RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key
 
@@ -783,7 +710,7 @@ def assemble(
         _rehydrate_named(state, out, decisions)
     projection_messages = out
     if policy.budget.max_prompt_tokens is not None:
-        projection_messages = _fit_budget(state, out, decisions, omissions, latest)
+        projection_messages = fit_budget(state, out, decisions, omissions, latest)
     if records.sibling_artifacts:
         omissions["sibling_branch"] += records.sibling_artifacts
     for index, message in enumerate(messages):
@@ -848,60 +775,3 @@ def _compact_call_arguments(state: _Assembly, index: int, out: list[dict[str, An
         out[index] = {**out[index], "tool_calls": message["tool_calls"]}
         decisions[index] = Decision(index, "assistant", "arguments_compacted", "epoch", ref,
                                     state.tokens[index], tokens)
-
-
-def _fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
-                omissions: Counter[str], latest: set[int]) -> list[dict[str, Any]]:
-    budget = state.policy.budget.max_prompt_tokens
-    assert budget is not None
-    tokens = [message_tokens(m, state.encoding) for m in out]
-    if sum(tokens) <= budget:
-        return out
-    last_round = {i for rnd in state.rounds[-1:] for i in (rnd.assistant, *rnd.tools)}
-    # 1. compact every old result that may be compacted, epochs notwithstanding
-    for index, message in enumerate(state.messages):
-        view = state.records.artifacts.get(index)
-        if message.get("role") != "tool" or view is None or index in last_round:
-            continue
-        if index in decisions and decisions[index].action != "verbatim" or not state.rule(index).compact:
-            continue
-        if state.protected(index, len(state.rounds)):
-            continue
-        text, after, form = state.compact_form(index)
-        if after < tokens[index]:
-            out[index] = {**out[index], "content": text}
-            decisions[index] = Decision(index, "tool", "compacted", "over_budget", view.artifact_id,
-                                        state.tokens[index], after, state.kept(index) if form == "memory" else "")
-            tokens[index] = after
-    if sum(tokens) <= budget:
-        return out
-    # 2. drop the oldest droppable units: assistant prose, or whole tool rounds
-    dropped: set[int] = set()
-    units: list[tuple[int, ...]] = []
-    # prose from the latest round on (a closing answer, a prefill) belongs to the latest exchange
-    latest_start = state.rounds[-1].assistant if state.rounds else len(state.messages)
-    for index, message in enumerate(state.messages[:latest_start]):
-        if message.get("role") == "assistant" and not message.get("tool_calls") and index not in latest:
-            units.append((index,))
-    for rnd in state.rounds:
-        members = (rnd.assistant, *rnd.tools)
-        if rnd.assistant in last_round:
-            continue
-        if any(state.protected(i, len(state.rounds)) for i in rnd.tools):
-            continue
-        units.append(members)
-    units.sort()
-    total = sum(tokens)
-    for unit in units:
-        if total <= budget:
-            break
-        for index in unit:
-            dropped.add(index)
-            total -= tokens[index]
-            decisions[index] = Decision(index, str(state.messages[index].get("role")), "omitted", "over_budget",
-                                        decisions[index].artifact_id if index in decisions else None,
-                                        state.tokens[index], 0)
-        omissions["over_budget"] += len(unit)
-    if total > budget:
-        raise ContextBudgetExceeded(total, budget)
-    return [m for i, m in enumerate(out) if i not in dropped]

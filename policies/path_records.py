@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
-from policies.assembler import Records
+from policies.assembly_types import Records
 from policies.memories import ArtifactView
 from policies.result_facts import BoundedCache
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens

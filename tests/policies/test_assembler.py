@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gateway.replay import protocol_problems
-from policies.assembler import ContextBudgetExceeded, assemble
+from policies.assembler import assemble
+from policies.assembly_types import ContextBudgetExceeded
 from policies.path_records import records_for_path
 from policies.policy import Policy, policy_from_mapping
 from policies.transcript import message_path

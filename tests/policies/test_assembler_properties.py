@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.replay import protocol_problems
-from policies.assembler import ContextBudgetExceeded, assemble
+from policies.assembler import assemble
+from policies.assembly_types import ContextBudgetExceeded
 from policies.path_records import records_for_path
 from policies.policy import Policy, policy_from_mapping
 from policies.tool_status import tool_result_status

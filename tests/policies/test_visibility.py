@@ -7,7 +7,8 @@ import json
 import pytest
 
 from gateway.rehydration import Rehydrator
-from policies.assembler import Records, assemble
+from policies.assembler import assemble
+from policies.assembly_types import Records
 from policies.path_records import records_for_path
 from policies.policy import policy_from_mapping
 from policies.transcript import message_path

@@ -1,0 +1,87 @@
+"""What the assembler takes and gives: the store's records of a path, and the projection with its
+decisions (policies/assembler.py makes one from the other)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from policies.memories import ArtifactView
+
+ASSEMBLER_VERSION = "1"
+REFERENCING = frozenset({"compacted", "stale", "superseded", "withheld", "arguments_compacted"})
+
+
+class ContextBudgetExceeded(Exception):
+    def __init__(self, needed: int, budget: int) -> None:
+        self.needed, self.budget = needed, budget
+        super().__init__(
+            f"the messages that must be forwarded verbatim take {needed} tokens; "
+            f"the policy's prompt budget is {budget}"
+        )
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the store knows of the path: artifacts by the index of their tool message."""
+
+    artifacts: Mapping[int, ArtifactView]
+    argument_refs: Mapping[tuple[int, str], str] = field(default_factory=dict)  # (index, call id) -> artifact id
+    sibling_artifacts: int = 0  # artifacts of the same session off this path
+    subagent_results: Mapping[str, str] = field(default_factory=dict)  # sha256 -> tool name, of child runs' results
+
+    def lineage(self) -> set[str]:
+        """Every artifact id this request's path may name: its results and its calls' arguments."""
+        return {v.artifact_id for v in self.artifacts.values()} | set(self.argument_refs.values())
+
+
+@dataclass(frozen=True)
+class Decision:
+    index: int
+    role: str
+    action: str  # verbatim | compacted | stale | superseded | withheld | omitted | protected | arguments_compacted
+    reason: str
+    artifact_id: str | None = None
+    tokens_before: int = 0
+    tokens_after: int = 0
+    kept: str = ""  # a memory's lines and why each was kept, e.g. "1-2 head; 24 condition+negation; 80 tail"
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {
+            "index": self.index, "role": self.role, "action": self.action, "reason": self.reason,
+            "artifact_id": self.artifact_id, "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+        }
+        if self.kept:
+            out["kept"] = self.kept
+        return out
+
+
+@dataclass(frozen=True)
+class Projection:
+    messages: list[dict[str, Any]]
+    decisions: tuple[Decision, ...]
+    omissions: dict[str, int]
+    tokens_original: int
+    tokens_forwarded: int
+    policy_name: str
+    policy_version: str
+    boundary_round: int  # rounds before this are rendered as of the epoch
+    epoch_round: int  # the round count at which the current epoch began
+    boundary_index: int = -1  # the last message of the last round before the boundary (-1: none)
+    next_move_from: int | None = None  # the first message the next move is expected to change (if foreseen)
+    assembler_version: str = ASSEMBLER_VERSION
+
+    @property
+    def names_artifacts(self) -> bool:
+        """Whether any forwarded message stands in for content by naming `artifact:<id>`."""
+        return self.first_reference is not None
+
+    @property
+    def aligned(self) -> bool:
+        """Whether forwarded message i stands for the client's message i (no message was omitted)."""
+        return all(d.action != "omitted" for d in self.decisions)
+
+    @property
+    def first_reference(self) -> int | None:
+        """The first message that stands in for content by naming `artifact:<id>` (None: none does)."""
+        return next((d.index for d in self.decisions if d.action in REFERENCING), None)
