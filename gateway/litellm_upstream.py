@@ -126,8 +126,9 @@ def _chunk_out(chunk: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
-    """A body serialised as the openai SDK serialises it."""
-    return compact_json(body).encode()
+    """A body serialised as the openai SDK serialises it (parsed from the client's JSON and projected:
+    no NaN or infinity in it)."""
+    return compact_json(body, finite=True).encode()
 
 
 _OPENAI_WIRE = frozenset({"openai", "custom_openai", "text-completion-openai", *litellm.openai_compatible_providers})

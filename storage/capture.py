@@ -455,9 +455,11 @@ class Capture(StoreBase):
         already: between epochs a request forwards the same memories as the one before)."""
         rows = {}
         base = assembly.base_decisions if assembly.base_request_id is not None else None
+        notable = assembly.notable
         for index, message in (assembly.replaced or {}).items():
-            if base is not None and base.get(index) == assembly.notable.get(index):
-                continue  # forwarded by the base request too: stored then
+            forwarded = notable[index].get("forwarded")
+            if base is not None and forwarded is not None and (base.get(index) or {}).get("forwarded") == forwarded:
+                continue  # the base request forwarded the same message: stored then
             digest, data = message_digest(message)
             sealed, key_id = self.encryption.seal_if_enabled(zlib.compress(data), forwarded_aad(digest))
             rows[digest] = {"conversation_id": conversation, "digest": digest, "tenant": tenant,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime, timezone
@@ -317,10 +318,26 @@ def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
     if base is None:
         out = list(notable.values())
     else:
-        out = [d for i, d in notable.items() if base.get(i) != d]
+        out = [d for i, d in notable.items() if not _same_decision(base.get(i), d)]
         out += [{"index": i, "role": d.get("role"), "action": "verbatim", "reason": "kept", "artifact_id": None}
                 for i, d in base.items() if i not in notable]
     return sorted(out, key=lambda d: d["index"]) + [d for d in record.decisions if d.get("index") is None]
+
+
+def _epochless(decision: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A decision without the epoch its reason names (`epoch:500`): every memory of a projection
+    names the projection's own epoch, so a move of the epoch changes no memory's record."""
+    reason = decision.get("reason")
+    if isinstance(reason, str) and _EPOCH_REASON.fullmatch(reason):
+        return {**decision, "reason": "epoch"}
+    return decision
+
+
+def _same_decision(base: Mapping[str, Any] | None, decision: Mapping[str, Any]) -> bool:
+    return base is not None and (base == decision or _epochless(base) == _epochless(decision))
+
+
+_EPOCH_REASON = re.compile(r"epoch:\d+")
 
 
 def assembly_to_row(request_id: str, tenant: str, record: AssemblyRecord) -> dict[str, Any]:
@@ -351,11 +368,14 @@ def merged_decisions(chain: list[ContextAssembly]) -> dict[int, dict[str, Any]]:
     """A request's decisions by message index from its stored ones and its bases' (`chain`: the
     request first, then its base, and so on): the nearest wins; `verbatim` ones dropped."""
     merged: dict[int, dict[str, Any]] = {}
-    for row in chain:
+    epoch = f"epoch:{chain[0].epoch_round}"  # the reason of the request's every memory (`_epochless`)
+    for depth, row in enumerate(chain):
         for decision in json.loads(row.decisions_json):
             index = decision.get("index")
-            if index is not None and index < chain[0].messages_original:
-                merged.setdefault(index, decision)
+            if index is not None and index < chain[0].messages_original and index not in merged:
+                if depth and _EPOCH_REASON.fullmatch(str(decision.get("reason"))):
+                    decision = {**decision, "reason": epoch}
+                merged[index] = decision
     return {i: d for i, d in merged.items() if d.get("action") != "verbatim"}
 
 

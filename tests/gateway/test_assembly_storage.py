@@ -3,6 +3,7 @@ it on the same path, and each replacement message once per conversation; the ins
 views are rebuilt from those and the path, and equal what was forwarded."""
 from __future__ import annotations
 
+import json
 import sqlite3
 import statistics
 from pathlib import Path
@@ -33,6 +34,13 @@ def stored_bytes(db: Path, request_id: str) -> int:
                                   (request_id,)).fetchone()[0]
 
 
+def stored_decisions(db: Path, request_id: str) -> tuple[list[dict], str | None]:
+    with sqlite3.connect(db) as connection:
+        text, base = connection.execute("SELECT decisions_json, base_request_id FROM context_assemblies "
+                                        "WHERE request_id = ?", (request_id,)).fetchone()
+    return json.loads(text), base
+
+
 def test_every_request_rebuilds_to_what_was_forwarded_and_stores_only_what_changed(
         coding_gateway: RunningGateway, tmp_path: Path) -> None:
     gateway = coding_gateway
@@ -41,7 +49,7 @@ def test_every_request_rebuilds_to_what_was_forwarded_and_stores_only_what_chang
     replay_trace(preset("coding-agent"), trace, TRACE.name, tenant="acme",
                  on_projection=lambda _request, projection: offline.append(projection))
     messages, turns = trace_turns(trace)
-    sizes = []
+    sizes, stored = [], []
     with gateway.client() as http:
         for turn, end in enumerate(turns):
             gateway.fake.script_message(messages[end])
@@ -55,6 +63,21 @@ def test_every_request_rebuilds_to_what_was_forwarded_and_stores_only_what_chang
             assert [(d["index"], d["action"], d["reason"]) for d in decisions] == [
                 (d.index, d.action, d.reason) for d in offline[turn].decisions]
             sizes.append(stored_bytes(tmp_path / "gateway.db", request_id))
+            stored.append(stored_decisions(tmp_path / "gateway.db", request_id))
+    # A move of the epoch renames the epoch in every memory's reason (`epoch:12` -> `epoch:17`); a memory
+    # otherwise recorded as before is not stored again for that: the reader restores the reason.
+    checked = 0
+    for turn in range(1, len(stored)):
+        decisions, base = stored[turn]
+        if base is None or offline[turn].epoch_round == offline[turn - 1].epoch_round:
+            continue
+        before = {d.index: d.as_dict() for d in offline[turn - 1].decisions if d.action == "compacted"}
+        checked += len(before)
+        for decision in decisions:
+            earlier = before.get(decision["index"])
+            assert earlier is None or {**earlier, "reason": ""} != {
+                k: v for k, v in decision.items() if k != "forwarded"} | {"reason": ""}, decision
+    assert checked >= 10  # moves of the epoch past earlier memories happened
     quarter = len(sizes) // 4
     early, late = sizes[quarter:2 * quarter], sizes[-quarter:]
     # the transcript is four times longer by the end; what a request stores is not

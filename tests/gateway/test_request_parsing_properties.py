@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
-from gateway.wire.json_body import parse_json_object
+from gateway.wire.json_body import _parse_slowly, parse_json_object
 from gateway.wire.openai_chat import OPENAI_CHAT
 from policies.transcript import message_path
 
@@ -92,3 +92,27 @@ def test_a_body_reads_as_json_loads_reads_it(body: dict) -> None:
         except InvalidRequest:
             assert "\\ud" in raw.decode("utf-8", "replace").lower() or any(
                 0xD800 <= ord(ch) <= 0xDFFF for ch in raw.decode("utf-8", "surrogatepass"))
+
+
+def _outcome(parse_with: Any, raw: bytes) -> Any:
+    try:
+        return repr(parse_with(raw))  # repr: 1 and 1.0 apart
+    except InvalidRequest as error:
+        return ("error", error.message, error.param)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode()),
+                 st.dictionaries(st.text(max_size=8), json_values, max_size=5).map(lambda v: json.dumps(v).encode()),
+                 st.integers(min_value=-(2 ** 70), max_value=2 ** 70).map(lambda n: b'{"n": %d}' % n)))
+def test_the_fast_parse_answers_as_the_slow_one(raw: bytes) -> None:
+    """orjson's parse is taken only where it gives `json.loads`'s very value; else the slow path's
+    value or error is the answer."""
+    assert _outcome(parse_json_object, raw) == _outcome(_parse_slowly, raw)
+
+
+def test_what_orjson_reads_otherwise_takes_the_slow_path() -> None:
+    for raw in (b'{"n": 123456789012345678901234567890}', b'{"n": -9223372036854775809}', b'{"x": 1e400}',
+                b'{"x": NaN}', b'\xef\xbb\xbf{"a": 1}', b'{"a": "\\ud800"}',
+                b'{"a": ' + b'[' * 63 + b']' * 63 + b'}', b'{"a": ' + b'[' * 64 + b']' * 64 + b'}'):
+        assert _outcome(parse_json_object, raw) == _outcome(_parse_slowly, raw)

@@ -45,6 +45,23 @@ def test_compact_json_is_the_sdk_text(value: object) -> None:
     assert compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+_FLOATS = st.one_of(st.floats(allow_nan=False, allow_infinity=False),
+                   st.floats(min_value=1e-12, max_value=1e-3), st.floats(min_value=-1e-3, max_value=-1e-12))
+
+
+@given(st.one_of(_VALUES, st.lists(_FLOATS, max_size=8), st.dictionaries(st.text(max_size=4), _FLOATS, max_size=4)))
+@settings(max_examples=600, deadline=None)
+def test_compact_json_of_finite_values_is_the_sdk_text_without_the_walk(value: object) -> None:
+    assert compact_json(value, finite=True) == json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                                                          allow_nan=False)
+
+
+def test_compact_json_of_finite_values_falls_back_where_orjson_writes_otherwise() -> None:
+    for value in ([1e-07], {"x": 4.6700813568056094e-05}, [-2.5e-9, 1.0], [2 ** 64], {"x": "\ud800"},
+                  {"x": "0.0000 and 3e-5, in text"}, [1e16, 1e-300, 5e-324, 0.0001, 123456789.123]):
+        assert compact_json(value, finite=True) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def test_compact_json_refuses_what_json_refuses() -> None:
     import pytest
     with pytest.raises(ValueError):
