@@ -6,7 +6,11 @@ request. The client's own markers cannot know what the gateway forwards, so
 the gateway places them, in this order of need:
 - the client's markers on tools and the system prompt stay (the gateway never
   changes those);
-- the end of this request, so the next request (which extends it) reads it;
+- the end of this request, so the next request (which extends it) reads it,
+  unless the next request is expected to compact a message of it: then nothing
+  after the message before that one is marked but the end of the previous
+  request (gateway/pipeline.py `_stable_ends`), since everything up to the last
+  marker is written at 1.25x the input price and the move rewrites it unread;
 - the end of the previous request on this path, which this one extends
   (what the provider wrote last time);
 - the end of the compacted prefix (the epoch boundary), which stays the same

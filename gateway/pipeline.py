@@ -224,7 +224,13 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
     is expected to change (so the move reads everything before it from the cache); the end of the
     assistant turn that the latest tool results answer (everything before those results stays when a
     move compacts them); the epoch boundary (stays until the boundary moves); the end of the previous
-    request (which the provider's 20-block lookback from the first marker usually finds anyway)."""
+    request (which the provider's 20-block lookback from the first marker usually finds anyway).
+
+    When the next request is expected to make that move (`Projection.next_move_due`), nothing after the
+    message before it is marked but the end of the previous request (which this request reads): the
+    provider charges the cache write price (1.25x) for every token up to the last marker, and the move
+    rewrites what follows, so those tokens would be written and never read; after the last marker they
+    cost the plain input price."""
     if not policy.cache_markers:
         return []
     messages = projection.messages
@@ -239,6 +245,8 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
     for end in (foreseen, asked if asked < last else None, projection.boundary_index, previous_end):
         if end is not None and 0 <= end < len(messages) and end not in ends:
             ends.append(end)
+    if projection.next_move_due and foreseen is not None:
+        ends = [end for end in ends if end <= foreseen or end == previous_end]
     return ends
 
 

@@ -68,6 +68,7 @@ class _Epochs:
     as_of: dict[int, int]  # compacted round -> the round count it is rendered as of
     pinned: frozenset[int]  # messages behind the boundary that a move left verbatim
     upcoming: int | None = None  # the first message the next move is expected to change
+    due: bool = False  # the next request is expected to make that move
 
 
 @dataclass
@@ -539,8 +540,8 @@ class _Assembly:
         r.t = len(self.rounds)
         self._remember_replay(r)
         as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()}
-        upcoming = self._upcoming(r.window, r.boundary, span, move_saving) if self.foresee else None
-        return _Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming)
+        upcoming, due = self._upcoming(r.window, r.boundary, span, move_saving) if self.foresee else (None, False)
+        return _Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming, due)
 
     # -- the replay, resumed across requests ------------------------------------
 
@@ -568,11 +569,13 @@ class _Assembly:
             _REPLAYS.put(key, replay.copy())
 
     def _upcoming(self, window: _Window, boundary: int, span: Callable[[int, int], int],
-                  move_saving: Callable[[int, int], int]) -> int | None:
+                  move_saving: Callable[[int, int], int]) -> tuple[int | None, bool]:
         """The first message the next move is expected to change: where it would start if the
         conversation went on with one more round (as known now), else the first message of the window
         that would save. Cache markers go just before it (gateway/cache_markers.py), so the move reads
-        what precedes it from the provider's cache."""
+        what precedes it from the provider's cache. And whether that move is due at the next request:
+        it pays with one more round, and that round is likely enough (`_next_round_likely`) for the
+        markers to leave what the move rewrites uncached."""
         t = len(self.rounds) + 1
         eligible = t - self.c.keep_recent_rounds
         for rnd in self.rounds[window.upto:max(window.upto, eligible)]:
@@ -580,10 +583,35 @@ class _Assembly:
                 window.put(i, move_saving(i, t - 1))
             window.put(rnd.assistant, self.argument_saving(rnd.assistant))
         if window.first() is None:
-            return None
+            return None, False
         start = self._best_start(window, span, len(self.messages), t,
                                  self.first_move_tokens if boundary == 0 else 0)
-        return start if start is not None else window.first()
+        return (start, self._next_round_likely()) if start is not None else (window.first(), False)
+
+    def _next_round_likely(self) -> bool:
+        """Whether the model's answer to this request is likely enough to be another tool call (the round
+        that makes the foreseen move) for the cache markers to leave what the move rewrites uncached.
+
+        Caching a prompt's tail costs `cache_write_price` instead of 1 for those tokens; when the next
+        request moves, the tail is never read, and the write was wasted. When it does not (the model
+        answers in prose, the user speaks), the next request must write the tail at `cache_write_price`
+        where it would have read it at `cache_read_price`. Leaving it uncached pays when the chance p of
+        a round satisfies (write - 1) >= (1 - p) (write - read). p is how often the model answered the
+        same kind of turn (tool results, or anything else) with a call so far in this conversation,
+        counted with one call and one answer without for what has not been seen (Laplace's rule)."""
+        c = self.c
+        if c.cache_write_price <= 1 or c.cache_write_price <= c.cache_read_price:
+            return False
+        after_results = bool(self.messages) and self.messages[-1].get("role") == "tool"
+        calls = answers = 0
+        for index in range(1, len(self.messages)):
+            message = self.messages[index]
+            if message.get("role") != "assistant" or (self.messages[index - 1].get("role") == "tool") != after_results:
+                continue
+            answers += 1
+            calls += bool(message.get("tool_calls"))
+        odds = (calls + 1) / (answers + 2)
+        return (c.cache_write_price - 1) >= (1 - odds) * (c.cache_write_price - c.cache_read_price)
 
     def _best_start(self, window: _Window, span: Callable[[int, int], int], forced: int, t: int,
                     added: int = 0) -> int | None:
@@ -735,6 +763,7 @@ def assemble(
         boundary_index=state.rounds[boundary - 1].end if boundary else -1,
         next_move_from=epochs.upcoming if epochs.upcoming is not None
         and decisions[epochs.upcoming].action == "verbatim" else None,
+        next_move_due=epochs.due and epochs.upcoming is not None and decisions[epochs.upcoming].action == "verbatim",
     )
 
 

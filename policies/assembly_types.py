@@ -69,6 +69,7 @@ class Projection:
     epoch_round: int  # the round count at which the current epoch began
     boundary_index: int = -1  # the last message of the last round before the boundary (-1: none)
     next_move_from: int | None = None  # the first message the next move is expected to change (if foreseen)
+    next_move_due: bool = False  # the next request is expected to make that move
     assembler_version: str = ASSEMBLER_VERSION
 
     @property

@@ -19,6 +19,7 @@ from gateway.rehydration import DESCRIPTION, PARAMETERS
 from gateway.tool_additions import BETAS, addition_message
 from policies.transcript import artifact_id_for, message_path
 from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway, settings_for, start_gateway
+from tests.fake_anthropic import cache_usage
 from tests.fake_upstream import FakeUpstream
 
 MODEL = "claude-sonnet-4-5"
@@ -300,6 +301,30 @@ def _two_reads(gateway: RunningGateway) -> tuple[list[dict], str]:
     messages += [{"role": "assistant", "content": [{"type": "text", "text": "read"}]},
                  {"role": "user", "content": "What exactly is on line 0 of f0.py?"}]
     return messages, artifact
+
+
+def test_what_the_next_move_rewrites_is_not_written_to_the_cache(gateway: RunningGateway) -> None:
+    """Once the model keeps answering tool results with calls, the latest result (which the next request
+    compacts) is left after the last cache marker: written to the cache it would cost 1.25x for tokens no
+    request reads. The next request reads everything the previous one cached, the assistant turn that
+    asked for that result included."""
+    read_turns(gateway, 6)
+    bodies = upstream_messages(gateway)
+    written: set[str] = set()
+    usages = [cache_usage(body, written) for body in bodies]
+    assert len(bodies) == 6
+    for number, body in enumerate(bodies[1:], start=1):  # the first holds the user's message alone
+        last, asked = body["messages"][-1], body["messages"][-2]
+        marked = "cache_control" in last["content"][-1]
+        # three answers to results, all calls, before the model is trusted to answer with another
+        assert marked == (number < 4), number
+        if not marked:
+            assert last["content"][-1]["type"] == "tool_result" and "cache_control" in asked["content"][-1]
+            assert usages[number]["input_tokens"] > 0  # the latest result, uncached
+    # request 5 compacts the result request 4 left uncached, and reads all that request 4 read or wrote
+    assert usages[5]["cache_read_input_tokens"] == usages[4]["cache_read_input_tokens"] + usages[4][
+        "cache_creation_input_tokens"]
+    assert "compacted artifact:" in json.dumps(bodies[5]["messages"][-3])
 
 
 @pytest.mark.parametrize("stream", [False, True])

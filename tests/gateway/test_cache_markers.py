@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from gateway.cache_markers import MAX_MARKERS, place_markers
+from gateway.pipeline import _stable_ends
 from gateway.wire.anthropic_messages import from_neutral, to_neutral
+from policies.assembly_types import Decision, Projection
+from policies.presets import preset
 
 THINKING = {"type": "thinking", "thinking": "hmm", "signature": "sig"}
 
@@ -71,3 +74,25 @@ def test_thinking_blocks_and_string_content() -> None:
     rendered, spots = from_neutral(neutral, top_system=False)
     body = place_markers({"messages": rendered}, spots, [1])
     assert markers(body) == [(0, 0, "text")]  # not on the thinking block: on the message before it
+
+
+def _projection(messages: list[dict], next_move_from: int | None, due: bool) -> Projection:
+    decisions = tuple(Decision(i, str(m["role"]), "verbatim", "kept") for i, m in enumerate(messages))
+    return Projection(messages=messages, decisions=decisions, omissions={}, tokens_original=0, tokens_forwarded=0,
+                      policy_name="t", policy_version="1", boundary_round=0, epoch_round=0,
+                      next_move_from=next_move_from, next_move_due=due)
+
+
+def test_a_due_move_leaves_what_it_rewrites_unmarked() -> None:
+    """When the next request is expected to move from `next_move_from`, nothing after the message before it
+    is marked (it would be written at the cache write price and never read), except the end of the
+    previous request, which this request reads."""
+    neutral, _ = to_neutral(None, MESSAGES)
+    # neutral: user, asst(a), tool(a), asst(b), tool(b), user(text), asst(c), tool(c)
+    policy = preset("coding-agent")
+    end = len(neutral) - 1
+    assert _stable_ends(policy, _projection(neutral, end, due=False), previous_end=5) == [end, end - 1, 5]
+    assert _stable_ends(policy, _projection(neutral, end, due=True), previous_end=5) == [end - 1, 5]
+    # a move foreseen further back: the previous request's end stays marked, the rest after the move goes
+    assert _stable_ends(policy, _projection(neutral, 2, due=True), previous_end=5) == [1, 5]
+    assert _stable_ends(policy, _projection(neutral, 2, due=False), previous_end=5) == [end, 1, end - 1, 5]

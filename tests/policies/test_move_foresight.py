@@ -2,7 +2,9 @@
 
 `Projection.next_move_from` is the first message the next move is expected to
 change (the gateway puts an Anthropic cache marker just before it, so the move
-reads what precedes it from the cache); `first_move_tokens` is what the first
+reads what precedes it from the cache), and `next_move_due` says the next request
+is expected to make that move (the gateway then leaves what follows uncached,
+since the move rewrites it); `first_move_tokens` is what the first
 compaction adds to the prompt besides its memories (the rehydration tool, added
 where the first memory appears on Anthropic), which that move must pay for. And the token
 counts the gateway remembers per node change no projection.
@@ -51,10 +53,47 @@ def test_the_foreseen_message_is_the_first_a_move_changes(path: Path) -> None:
         assert moves > 0  # the long traces do move
 
 
+@pytest.mark.parametrize("path", sorted(TRACES.glob("*.jsonl")), ids=lambda p: p.stem[:40])
+def test_a_due_move_is_made_by_the_next_request_that_brings_a_round(path: Path) -> None:
+    """When a request says the next one is due to move, the next request, if the model answered with a
+    call, changes the foreseen message or one before it (a supersession): what the gateway left uncached
+    is never read. A prose answer makes no round and no move; that risk is what `next_move_due` weighs."""
+    messages = load(path)["messages"]
+    ends = turns(messages)
+    previous, previous_end, due = None, 0, 0
+    for end, projection in zip(ends, _projections(path)):
+        if previous is not None and previous.next_move_due:
+            assert previous.next_move_from is not None
+            if any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages[previous_end:end]):
+                due += 1
+                changed = next((i for i, sent in enumerate(previous.messages) if projection.messages[i] != sent), None)
+                assert changed is not None and changed <= previous.next_move_from, (changed, previous.next_move_from)
+        previous, previous_end = projection, end
+    if "ponyc" in path.stem or "taubench" in path.stem:
+        assert due > 0
+
+
+def test_a_move_is_due_when_the_model_keeps_answering_results_with_calls() -> None:
+    """Due needs a move that pays at the next round and a model that answers tool results with calls
+    often enough: one that has answered them in prose half the time is not expected to bring that round."""
+    calls = conversation(4)
+    projection, _ = project(calls, policy(), foresee=True)
+    assert projection.next_move_from == len(calls) - 1 and projection.next_move_due
+    prose = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Do the task."}]
+    for i in range(4):
+        prose += [*tool_round(f"c{i}", "bash", f"run {i}\n{BIG}", command=f"make step{i}"),
+                  {"role": "assistant", "content": f"step {i} is done"}, {"role": "user", "content": "go on"}]
+    prose += tool_round("c4", "bash", f"run 4\n{BIG}", command="make step4")
+    projection, _ = project(prose, policy(), foresee=True)
+    assert projection.next_move_from == len(prose) - 1 and not projection.next_move_due
+    early, _ = project(conversation(2), policy(), foresee=True)  # one answer to results: too early to tell
+    assert early.next_move_from == len(conversation(2)) - 1 and not early.next_move_due
+
+
 def test_nothing_is_foreseen_when_nothing_would_save() -> None:
     messages = [{"role": "user", "content": "hi"}, *tool_round("c0", "bash", "ok"), *tool_round("c1", "bash", "ok")]
     projection, _ = project(messages, policy(compaction={"min_tokens": 200}), foresee=True)
-    assert projection.next_move_from is None
+    assert projection.next_move_from is None and not projection.next_move_due
 
 
 def test_the_foreseen_message_is_the_next_result_to_leave_the_window() -> None:
