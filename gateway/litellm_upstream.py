@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
+from starlette.concurrency import run_in_threadpool
 
 from gateway import tool_additions
 from gateway.direct_chat import DirectCall, DirectChat
@@ -123,6 +124,9 @@ def _chunk_out(chunk: dict[str, Any]) -> dict[str, Any]:
         if kept:
             out["usage"]["completion_tokens_details"] = kept
     return out
+
+
+_OFF_LOOP_MESSAGES = 64  # transcripts this long are prepared for the direct transport on a worker thread
 
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
@@ -353,8 +357,15 @@ class LiteLLMUpstream:
         async for _ in stream:
             pass
 
+    async def _direct_call_built(self, request: UpstreamRequest, stream: bool) -> DirectCall | None:
+        """`_direct_call`, on a worker thread for a long transcript: LiteLLM's preparation walks every
+        message (about 8 ms for 1,000), which on the event loop would stall every other request."""
+        if len(request.body.get("messages") or ()) < _OFF_LOOP_MESSAGES:
+            return self._direct_call(request, stream)
+        return await run_in_threadpool(self._direct_call, request, stream)
+
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
-        call = self._direct_call(request, stream=False)
+        call = await self._direct_call_built(request, stream=False)
         if call is not None and self._direct is not None:
             return check_completion(_completion_out(await self._direct.complete(call)))
         try:
@@ -364,7 +375,7 @@ class LiteLLMUpstream:
         return check_completion(_completion_out(response.model_dump()))
 
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        call = self._direct_call(request, stream=True)
+        call = await self._direct_call_built(request, stream=True)
         if call is not None and self._direct is not None:
             async for chunk in self._direct.stream(call):
                 yield _chunk_out(chunk)

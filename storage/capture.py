@@ -57,6 +57,7 @@ from storage.store_base import StoreBase
 
 SIBLING_COUNT_BOUND = 10_000
 INGEST_ATTEMPTS = 3
+_PROBED_TAIL = 32  # the last nodes of a path whose state `_known_nodes` looks up every time
 _CHUNK = 500
 
 # The request path's statements, built once against the tables (Core on a plain connection: building
@@ -224,7 +225,35 @@ class Capture(StoreBase):
         )
 
     def _known_nodes(self, connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
-        """(the nodes that exist, those of them this conversation already uses)."""
+        """(the nodes of the path `ids` that exist, those of them this conversation already uses), asking
+        the database about what is new rather than about every node.
+
+        A conversation's nodes are prefix-closed: a path's nodes join it together, in the transaction
+        that captures the path, and leave it together (a deletion removes a conversation's memberships
+        whole); a node's id names its parent, so a node of the conversation brings every node before it
+        on the path. So the last `_PROBED_TAIL` nodes and a few further back (exponentially spaced) are
+        looked up; every node up to the deepest one the conversation uses is known without a look, and
+        only the unlooked nodes past it are looked up, a run proportional to what the request adds.
+        """
+        count = len(ids)
+        probes = set(range(max(0, count - _PROBED_TAIL), count))
+        back = _PROBED_TAIL
+        while back < count:
+            probes.add(count - 1 - back)
+            back *= 2
+        existing, members = self._node_states(connection, conversation, [ids[i] for i in sorted(probes)])
+        deepest = max((i for i in probes if ids[i] in members), default=-1)
+        unlooked = [ids[i] for i in range(deepest + 1, count) if i not in probes]
+        if unlooked:
+            more_existing, more_members = self._node_states(connection, conversation, unlooked)
+            existing |= more_existing
+            members |= more_members
+        known = ids[:deepest + 1]
+        return existing.union(known), members.union(known)
+
+    def _node_states(self, connection: Connection, conversation: str,
+                     ids: list[str]) -> tuple[set[str], set[str]]:
+        """(the nodes of `ids` that exist, those of them this conversation already uses), looked up."""
         existing: set[str] = set()
         members: set[str] = set()
         for start in range(0, len(ids), _CHUNK):
@@ -442,26 +471,30 @@ class Capture(StoreBase):
             "upstream_model": outcome.upstream_model,
             "attempts_json": fast_canonical_json(list(outcome.attempts)) if len(outcome.attempts) > 1 else None,
         }
+        # What the assembly stores is worked out before the write lock is taken (SQLite: one writer).
+        replaced = self._replacements(assembly) if assembly is not None else []
+        assembly_row = assembly_to_row(request_id, "", assembly) if assembly is not None else None
         with self._writing, self.engine.begin() as connection:
             finished = connection.execute(_FINISH_RUN, values).first()
-            if assembly is not None and finished is not None:
+            if assembly_row is not None and finished is not None:
                 tenant, conversation = finished
-                self._store_replaced(connection, tenant, conversation or request_id, assembly)
-                connection.execute(_INSERT_ASSEMBLY, [assembly_to_row(request_id, tenant, assembly)])
+                self._insert_ignoring_conflicts(connection, ForwardedMessage, [
+                    {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
+                connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
 
-    def _store_replaced(self, connection: Connection, tenant: str, conversation: str,
-                        assembly: AssemblyRecord) -> None:
-        """The messages forwarded in place of the client's, once per conversation (most are there
-        already: between epochs a request forwards the same memories as the one before)."""
+    def _replacements(self, assembly: AssemblyRecord) -> list[dict[str, Any]]:
+        """The messages forwarded in place of the client's, stored once per conversation (most are there
+        already: between epochs a request forwards the same memories as the one before), as rows
+        without their conversation and tenant."""
         rows = {}
         base = assembly.base_decisions if assembly.base_request_id is not None else None
         notable = assembly.notable
+        now = self._now()
         for index, message in (assembly.replaced or {}).items():
             forwarded = notable[index].get("forwarded")
             if base is not None and forwarded is not None and (base.get(index) or {}).get("forwarded") == forwarded:
                 continue  # the base request forwarded the same message: stored then
             digest, data = message_digest(message)
             sealed, key_id = self.encryption.seal_if_enabled(zlib.compress(data), forwarded_aad(digest))
-            rows[digest] = {"conversation_id": conversation, "digest": digest, "tenant": tenant,
-                            "message_zlib": sealed, "key_id": key_id, "created_at": self._now()}
-        self._insert_ignoring_conflicts(connection, ForwardedMessage, list(rows.values()))
+            rows[digest] = {"digest": digest, "message_zlib": sealed, "key_id": key_id, "created_at": now}
+        return list(rows.values())
