@@ -250,6 +250,15 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
     return ends
 
 
+def _node_ids(services: Services, neutral: NeutralRequest) -> Callable[[str, str | None, Mapping[str, Any]], str]:
+    """The node-id cache, handed the digests parsing worked out (none are computed twice)."""
+    node_ids = services.node_ids
+    if neutral.digests is None:
+        return node_ids
+    digests = {id(message): digest for message, digest in zip(neutral.messages, neutral.digests)}
+    return lambda tenant, parent, message: node_ids(tenant, parent, message, digests.get(id(message)))
+
+
 def _capture_and_project(services: Services, recorder: RunRecorder, policy: Policy, model: ModelSettings,
                          tenant: str, neutral: NeutralRequest, midway: dict[str, Any] | None = None,
                          foresee: bool = False) -> tuple[IngestResult, Projection, Records, AssemblyRecord]:
@@ -258,7 +267,7 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
     added where the first memory appears (the first compaction pays for it); `foresee`: the format places
     cache markers, which go before the message the next move is expected to change."""
     run = recorder.start
-    path = message_path(tenant, neutral.messages, ids=services.node_ids)
+    path = message_path(tenant, neutral.messages, ids=_node_ids(services, neutral))
     started = time.perf_counter()
     with services.tracing.span("gateway.ingest", {"gateway.ingest.messages": len(path)}) as span:
         try:
@@ -313,7 +322,7 @@ async def continued(services: Services, tenant: str, neutral: NeutralRequest) ->
     instructions = new[:1] if new and new[0].get("role") == "system" and "responses_item" not in new[0] else []
     messages = [*instructions, *earlier, *output_to_neutral(response.get("output") or []), *new[len(instructions):]]
     check_pairs(messages)
-    return replace(neutral, messages=messages)
+    return replace(neutral, messages=messages, digests=None)
 
 
 async def tenant_principal(request: Request, services: Services) -> Principal:

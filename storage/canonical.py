@@ -92,6 +92,15 @@ def _orjson_may_differ(text: bytes) -> bool:
     return False
 
 
+def exact_digest(message: Any) -> bytes | None:
+    """A digest of `message`'s exact JSON text (orjson writes `1`, `1.0` and `true` apart), or None
+    where orjson cannot write it (lone surrogates, integers past 64 bits)."""
+    try:
+        return hashlib.blake2b(orjson.dumps(message), digest_size=16).digest()
+    except TypeError:
+        return None
+
+
 class NodeIds:
     """`node_id(tenant, parent, message, fast_canonical_json)`, remembered by a digest of the message's exact
     JSON: an agent resends its whole transcript every turn, and a message seen before is placed again
@@ -108,11 +117,14 @@ class NodeIds:
         self._ids: dict[tuple[str, str | None, bytes], str] = {}
         self._adding = threading.Lock()
 
-    def __call__(self, tenant: str, parent: str | None, message: Mapping[str, Any]) -> str:
-        try:
-            key = (tenant, parent, hashlib.blake2b(orjson.dumps(message), digest_size=16).digest())
-        except TypeError:
-            return node_id(tenant, parent, message, fast_canonical_json)
+    def __call__(self, tenant: str, parent: str | None, message: Mapping[str, Any],
+                 digest: bytes | None = None) -> str:
+        """`digest`: the message's, if known (gateway/wire/seen_messages.py works it out the same way)."""
+        if digest is None:
+            digest = exact_digest(message)
+            if digest is None:
+                return node_id(tenant, parent, message, fast_canonical_json)
+        key = (tenant, parent, digest)
         found = self._ids.get(key)
         if found is None:
             found = node_id(tenant, parent, message, fast_canonical_json)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.wire import NeutralRequest
 from gateway.wire.json_body import check_text, param_path, parse_json_object
+from gateway.wire.seen_messages import MIN_MESSAGES, SeenMessages, message_digests
 from policies.protocol import orphan_tool_messages
 
 # Bounds the record store holds (OpenAI's own are tighter: 64-character names, 40-character call ids).
@@ -103,8 +104,9 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "bool", "none", "float") or "[" in part)
 
 
-def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]]) -> None:
-    for index, message in enumerate(checked.messages):
+def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]], indices: Sequence[int]) -> None:
+    """The checks of each message pydantic validated (at `indices`), then of the transcript as a whole."""
+    for index, message in zip(indices, checked.messages):
         where = f"messages[{index}]"
         if isinstance(message.content, list):
             for number, part in enumerate(message.content):
@@ -128,12 +130,28 @@ def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]]) -> None:
 
 
 def parse_chat_body(body: dict[str, Any]) -> NeutralRequest:
-    """A parsed body checked as a chat completion request."""
+    """A parsed body checked as a chat completion request: the messages it holds that passed before
+    (gateway/wire/seen_messages.py) are not checked again, and their digests go on with the request."""
+    messages = body.get("messages")
+    digests: list[bytes | None] | None = None
+    indices: Sequence[int] = range(len(messages)) if isinstance(messages, list) else ()
+    validated = body
+    if isinstance(messages, list) and len(messages) >= MIN_MESSAGES:
+        digests = message_digests(messages)
+        unseen = _SEEN.unseen(digests)
+        if len(unseen) < len(messages):
+            indices = unseen
+            validated = {**body, "messages": [messages[i] for i in unseen] or messages[-1:]}
+            if not unseen:
+                indices = [len(messages) - 1]
     try:
-        checked = _ChatBody.model_validate(body)
+        checked = _ChatBody.model_validate(validated)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = param_path(tuple(part for part in first["loc"] if not _is_union_tag(part)))
+        loc = first["loc"]
+        if len(loc) > 1 and loc[0] == "messages" and isinstance(loc[1], int) and loc[1] < len(indices):
+            loc = ("messages", indices[loc[1]], *loc[2:])  # where it is in the client's transcript
+        param = param_path(tuple(part for part in loc if not _is_union_tag(part)))
         message = "is required" if first["type"] == "missing" else first["msg"]
         raise InvalidRequest(f"{param}: {message}", param=param) from exc
     check_text(checked.model, "model")
@@ -142,7 +160,9 @@ def parse_chat_body(body: dict[str, Any]) -> NeutralRequest:
             raise InvalidRequest(f"tools[{index}].function: is required for a function tool",
                                  param=f"tools[{index}].function")
     messages = body["messages"]
-    _check_messages(checked, messages)
+    _check_messages(checked, messages, indices)
+    if digests is not None:
+        _SEEN.passed(digests, indices)
     options = body.get("stream_options")
     return NeutralRequest(
         model=checked.model,
@@ -150,7 +170,11 @@ def parse_chat_body(body: dict[str, Any]) -> NeutralRequest:
         stream=bool(checked.stream),
         params={k: v for k, v in body.items() if k not in ("model", "messages", "stream")},
         wants_stream_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+        digests=digests,
     )
+
+
+_SEEN = SeenMessages()  # chat messages that passed `_ChatBody` and `_check_messages`'s per-message checks
 
 
 def sse_event(payload: Any) -> bytes:

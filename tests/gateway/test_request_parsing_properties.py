@@ -116,3 +116,43 @@ def test_what_orjson_reads_otherwise_takes_the_slow_path() -> None:
                 b'{"x": NaN}', b'\xef\xbb\xbf{"a": 1}', b'{"a": "\\ud800"}',
                 b'{"a": ' + b'[' * 63 + b']' * 63 + b'}', b'{"a": ' + b'[' * 64 + b']' * 64 + b'}'):
         assert _outcome(parse_json_object, raw) == _outcome(_parse_slowly, raw)
+
+
+def _long_body(messages: list) -> bytes:
+    head = [{"role": "system", "content": "agent"}] + [
+        {"role": "user" if n % 2 == 0 else "assistant", "content": f"turn {n}"} for n in range(17)]
+    return json.dumps({"model": "fake", "messages": head + messages}).encode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=3))
+def test_messages_checked_before_answer_as_when_checked_afresh(tail: list) -> None:
+    """A long transcript's messages that passed before are not checked again (gateway/wire/seen_messages.py);
+    the answer, value or error and where it is, is the same as a fresh check's."""
+    from gateway.wire import openai_chat
+    from gateway.wire.seen_messages import SeenMessages
+
+    raw = _long_body(tail)
+    openai_chat._SEEN = SeenMessages()
+    fresh = _chat_outcome(raw)
+    _chat_outcome(_long_body([]))  # the head is seen now
+    again = [_chat_outcome(raw), _chat_outcome(raw)]  # and, if it passed, the tail too
+    assert again == [fresh, fresh]
+
+
+def test_a_bad_message_after_a_seen_prefix_is_named_where_it_is() -> None:
+    good = _long_body([])
+    assert _chat_outcome(good)[0] == "ok"
+    for bad, param in (({"role": "robot", "content": "x"}, "messages[18].role"),
+                       ({"role": "tool", "content": "x"}, "messages[18].tool_call_id"),
+                       ({"role": "user", "content": [{"type": "text"}]}, "messages[18].content[0].text")):
+        outcome = _chat_outcome(_long_body([bad]))
+        assert outcome[0] == "error" and outcome[2] == param, outcome
+
+
+def _chat_outcome(raw: bytes) -> tuple:
+    try:
+        request = OPENAI_CHAT.parse(raw)
+    except InvalidRequest as error:
+        return ("error", error.message, error.param)
+    return ("ok", request.model, request.messages, request.stream)

@@ -99,3 +99,17 @@ def test_ids_depend_on_tenant_and_parent_whatever_is_remembered() -> None:
     ours, theirs = message_path("acme", messages, ids=ids), message_path("globex", messages, ids=ids)
     assert ours[0].id != theirs[0].id and ours[0].id != ours[1].id
     assert ours == message_path("acme", messages) and theirs == message_path("globex", messages)
+
+
+def test_the_digests_parsing_works_out_are_the_node_id_cache_keys() -> None:
+    from gateway.wire.seen_messages import message_digests
+    from storage.canonical import exact_digest
+    messages = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "\ud800", "tool_call_id": "c"},
+                {"role": "user", "content": 1.0}, {"role": "user", "content": 1}]
+    assert message_digests(messages) == [exact_digest(m) for m in messages]
+    assert message_digests(messages)[1] is None and message_digests(messages)[2] != message_digests(messages)[3]
+    ids, fresh = NodeIds(), NodeIds()
+    parent = None
+    for message, digest in zip(messages, message_digests(messages)):
+        assert ids("acme", parent, message, digest) == fresh("acme", parent, message)
+        parent = fresh("acme", parent, message)
