@@ -38,6 +38,16 @@ from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
 
 _RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key
+# The same memories and savings by node id: a node id names its message and every message before it,
+# which is all a memory reads besides the policy (its result, the terms named before it) and, with the
+# context of `_replay_key`, all a saving reads besides the two facts in its key (see `saving`). Small
+# values (the memories' texts are short); spares the per-request work of looking the terms up again.
+_NODE_MEMORIES = BoundedCache(65536)
+_NODE_SAVINGS = BoundedCache(65536)
+# Where the terms of a conversation were first named, by the node id of its last message (which names
+# every message before it): the next request looks up only its new messages' terms.
+_NAMED_TERMS = BoundedCache(256)
+_PREFIX_LOOKBACK = 16  # where an earlier request of the conversation may have ended: its last few messages
 
 
 @dataclass
@@ -156,6 +166,9 @@ class _Assembly:
         self._rules: dict[int, ToolRule] = {}
         self._restricted: dict[int, bool] = {}
         self._savings: dict[tuple[int, str | None, str | None], int] = {}
+        # A saving reads owners (through which earlier duplicates the requester may see raw) only under
+        # rules that show results to some participants alone: shared by node id when none does.
+        self._share_savings = node_ids is not None and all(r.visibility == "conversation" for r in policy.tools)
         self._index_later_results()
         self._index_duplicates()
         self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
@@ -250,23 +263,38 @@ class _Assembly:
         """The identifiers and amounts of result `index` that user turns and tool-call arguments named
         before it (only what came before, so a memory renders the same on every later request)."""
         if self._first_named is None:
-            self._first_named = {}
-            for position, message in enumerate(self.messages):
-                if message.get("role") == "user":
-                    content = message.get("content")
-                    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-                elif message.get("role") == "assistant" and message.get("tool_calls"):
-                    text = " ".join(short_values(arguments) for c in message["tool_calls"] if isinstance(c, Mapping)
-                                    and isinstance(arguments := (c.get("function") or {}).get("arguments"), str))
-                else:
-                    continue
-                for term in terms_of(text):
-                    self._first_named.setdefault(term, position)
+            self._first_named = self._named_terms()
         if not self._first_named:
             return frozenset()
         never = len(self.messages)
         return frozenset(t for t in terms_in(self.records.artifacts[index])
                          if self._first_named.get(t, never) < index)
+
+    def _named_terms(self) -> dict[str, int]:
+        """Where a user turn or call first named each term: extends what an earlier request of the
+        conversation found in its messages (by the node id of its last, which names them all)."""
+        start, named = 0, {}
+        if self.node_ids:
+            for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - _PREFIX_LOOKBACK), -1):
+                found = _NAMED_TERMS.get(self.node_ids[position])
+                if found is not None:
+                    start, named = position + 1, dict(found)
+                    break
+        for position in range(start, len(self.messages)):
+            message = self.messages[position]
+            if message.get("role") == "user":
+                content = message.get("content")
+                text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+            elif message.get("role") == "assistant" and message.get("tool_calls"):
+                text = " ".join(short_values(arguments) for c in message["tool_calls"] if isinstance(c, Mapping)
+                                and isinstance(arguments := (c.get("function") or {}).get("arguments"), str))
+            else:
+                continue
+            for term in terms_of(text):
+                named.setdefault(term, position)
+        if self.node_ids and start < len(self.messages):
+            _NAMED_TERMS.put(self.node_ids[-1], named)
+        return named
 
     def compacted_arguments(self, index: int) -> tuple[dict[str, Any], str, int] | None:
         """The assistant message at `index` with its long call arguments compacted, the first
@@ -350,22 +378,30 @@ class _Assembly:
 
     def _memory(self, index: int, stale: str | None) -> tuple[str, int, str]:
         key = (index, stale)
-        if key not in self._memory_cache:
-            view = self.records.artifacts[index]
-            terms = self.terms_before(index)
-            shared_key = (self.policy.fingerprint, self.encoding, view, stale, terms)
-            found = _RENDERED.get(shared_key)
-            if found is None:
-                # Redacted before the excerpt is taken: a secret cut in two by a line's clipping
-                # would no longer be recognised.
-                redacted = self.policy.redaction.redactor.redact(view.content)
-                shown = replace(view, content=redacted.text) if redacted.counts else view
-                lines = excerpt(shown, self.rule(index), self.c, terms)
-                text = render_memory(shown, self.rule(index), self.c, stale, lines=lines)
-                found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding),
-                         kept_summary(lines, redacted.counts))
-                _RENDERED.put(shared_key, found)
+        if key in self._memory_cache:
+            return self._memory_cache[key]
+        node_key = (self.node_ids[index], self.policy.fingerprint, self.encoding, stale) \
+            if self.node_ids is not None else None
+        if node_key is not None and (found := _NODE_MEMORIES.get(node_key)) is not None:
             self._memory_cache[key] = found
+            return found
+        view = self.records.artifacts[index]
+        terms = self.terms_before(index)
+        shared_key = (self.policy.fingerprint, self.encoding, view, stale, terms)
+        found = _RENDERED.get(shared_key)
+        if found is None:
+            # Redacted before the excerpt is taken: a secret cut in two by a line's clipping
+            # would no longer be recognised.
+            redacted = self.policy.redaction.redactor.redact(view.content)
+            shown = replace(view, content=redacted.text) if redacted.counts else view
+            lines = excerpt(shown, self.rule(index), self.c, terms)
+            text = render_memory(shown, self.rule(index), self.c, stale, lines=lines)
+            found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding),
+                     kept_summary(lines, redacted.counts))
+            _RENDERED.put(shared_key, found)
+        if node_key is not None:
+            _NODE_MEMORIES.put(node_key, found)
+        self._memory_cache[key] = found
         return self._memory_cache[key]
 
     def superseded_notice(self, index: int, replacement: str) -> str:
@@ -399,9 +435,16 @@ class _Assembly:
         """Tokens saved by rendering this result as of round `upto` instead of verbatim."""
         # It depends on `upto` only through these two facts: memoise on them.
         key = (index, self.superseded_by(index, upto), self.protected(index, upto))
-        if key not in self._savings:
-            self._savings[key] = self._saving(index, upto)
-        return self._savings[key]
+        found = self._savings.get(key)
+        if found is None:
+            node_key = (self.node_ids[index], self.context_key, *key[1:]) if self._share_savings else None
+            found = _NODE_SAVINGS.get(node_key) if node_key is not None else None
+            if found is None:
+                found = self._saving(index, upto)
+                if node_key is not None:
+                    _NODE_SAVINGS.put(node_key, found)
+            self._savings[key] = found
+        return found
 
     def _saving(self, index: int, upto: int) -> int:
         view, rule = self.records.artifacts.get(index), self.rule(index)
@@ -685,10 +728,12 @@ def assemble(
         trailing.add(index)
 
     def decide(index: int, action: str, reason: str, content: Any = None, artifact: str | None = None,
-               kept: str = "") -> None:
+               kept: str = "", tokens: int | None = None) -> None:
+        """`tokens`: the message's tokens with `content`, when known (a memory's are)."""
         if content is not None:
             out[index] = {**out[index], "content": content}
-        after = message_tokens(out[index], encoding) if content is not None else state.tokens[index]
+        after = state.tokens[index] if content is None else tokens if tokens is not None \
+            else message_tokens(out[index], encoding)
         decisions[index] = Decision(index, str(messages[index].get("role")), action, reason, artifact,
                                     state.tokens[index], after, kept)
 
@@ -705,8 +750,8 @@ def assemble(
             omissions[str(seen.omission)] += 1
             continue
         if seen.level == "memory":
-            text, _ = state.memory(index)
-            decide(index, "compacted", str(seen.reason), text, view.artifact_id, state.kept(index))
+            text, tokens = state.memory(index)
+            decide(index, "compacted", str(seen.reason), text, view.artifact_id, state.kept(index), tokens)
             continue
         stale = state.stale_note(index) if index not in trailing else None
         if index in latest and not stale:
@@ -723,13 +768,13 @@ def assemble(
             decide(index, "protected", why, artifact=view.artifact_id)
             continue
         if stale:
-            text, _ = state.memory(index, stale)
-            decide(index, "stale", "stale", text, view.artifact_id, state.kept(index, stale))
+            text, tokens = state.memory(index, stale)
+            decide(index, "stale", "stale", text, view.artifact_id, state.kept(index, stale), tokens)
             continue
         if in_epoch and index not in epochs.pinned and state.saving(index, snapshot) > 0:
-            text, _, form = state.compact_form(index)
+            text, tokens, form = state.compact_form(index)
             decide(index, "compacted", f"epoch:{epoch_round}" if form == "memory" else form, text, view.artifact_id,
-                   state.kept(index) if form == "memory" else "")
+                   state.kept(index) if form == "memory" else "", tokens)
 
     if policy.enabled:
         for rnd in state.rounds[:boundary]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from policies.assembly_types import Records
@@ -66,6 +67,24 @@ def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> l
     return out
 
 
+# A path's records as its request left them, by (node id of the path's last message, encoding): the
+# next request of the conversation extends its previous one and builds views for its new messages
+# alone. A node id names its whole prefix (content and parents), so an entry is a function of its key
+# except for `observed_at` and `owner_participant`, which come from the store and are checked against
+# each request's. Entries of one conversation share their views; the views hold the results' texts, so
+# few conversations are kept.
+_PREFIXES = BoundedCache(128)
+_PREFIX_LOOKBACK = 16  # where an earlier request may have ended: within the last few messages
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    length: int
+    artifacts: dict[int, ArtifactView]
+    argument_refs: dict[tuple[int, str], str]
+    calls: dict[str, tuple[int, Mapping]]  # the calls of the latest assistant message, by id
+
+
 def records_for_path(
     path: Sequence[PathNode],
     now: float,
@@ -76,10 +95,20 @@ def records_for_path(
     subagent_results: Mapping[str, str] | None = None,
     encoding: str = DEFAULT_ENCODING,
 ) -> Records:
-    artifacts: dict[int, ArtifactView] = {}
-    argument_refs: dict[tuple[int, str], str] = {}
-    calls: dict[str, tuple[int, Mapping]] = {}
-    for node in path:
+    observed_at, owners = observed_at or {}, owners or {}
+    prefix = _earlier_prefix(path, encoding)
+    if prefix is not None:
+        artifacts = dict(prefix.artifacts)
+        argument_refs = dict(prefix.argument_refs)
+        calls = prefix.calls
+        for position, view in prefix.artifacts.items():
+            seen, owner = observed_at.get(view.artifact_id, now), owners.get(view.artifact_id, "")
+            if view.observed_at != seen or view.owner_participant != owner:
+                artifacts[position] = replace(view, observed_at=seen, owner_participant=owner)
+        start = prefix.length
+    else:
+        artifacts, argument_refs, calls, start = {}, {}, {}, 0
+    for node in path[start:]:
         message = node.message
         role = message.get("role")
         if role == "assistant":
@@ -101,8 +130,20 @@ def records_for_path(
                 content=text,
                 sha256=sha256,
                 tokens=tokens,
-                observed_at=(observed_at or {}).get(artifact_id, now),
-                owner_participant=(owners or {}).get(artifact_id, ""),
+                observed_at=observed_at.get(artifact_id, now),
+                owner_participant=owners.get(artifact_id, ""),
             )
-    return Records(artifacts=artifacts, argument_refs=argument_refs, sibling_artifacts=sibling_artifacts,
+    if path and (prefix is None or prefix.length < len(path)):
+        _PREFIXES.put((path[-1].id, encoding), _Prefix(len(path), artifacts, argument_refs, calls))
+    return Records(artifacts=dict(artifacts), argument_refs=dict(argument_refs), sibling_artifacts=sibling_artifacts,
                    subagent_results=dict(subagent_results or {}))
+
+
+def _earlier_prefix(path: Sequence[PathNode], encoding: str) -> _Prefix | None:
+    """The records of the longest prefix of `path` (ending within its last few messages) that an
+    earlier request built."""
+    for node in reversed(path[-_PREFIX_LOOKBACK:]):
+        found = _PREFIXES.get((node.id, encoding))
+        if found is not None:
+            return found
+    return None

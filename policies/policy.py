@@ -164,6 +164,19 @@ class Privacy(_Strict):
 
     def allows(self, provider: str, privacy_class: str) -> bool:
         """The most specific matching entry decides (an exact name, then the longest pattern)."""
+        key = (provider, privacy_class)
+        found = self._allowed.get(key)
+        if found is None:
+            found = self._allows(provider, privacy_class)
+            if len(self._allowed) < 4096:
+                self._allowed[key] = found
+        return found
+
+    @cached_property
+    def _allowed(self) -> dict[tuple[str, str], bool]:
+        return {}  # memoised: every request asks again for every result
+
+    def _allows(self, provider: str, privacy_class: str) -> bool:
         matching = [p for p in self.providers if p == provider or fnmatch.fnmatchcase(provider, p)]
         if not matching:
             return False
