@@ -15,7 +15,7 @@ import hashlib
 import json
 import zlib
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import DataError, IntegrityError
@@ -120,6 +120,15 @@ _INSERT_ASSEMBLY = insert(ContextAssembly.__table__)
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
 
 
+class _Written(NamedTuple):
+    """What a capture's transaction found and wrote."""
+
+    session_id: str
+    conversation: str
+    new_node_ids: tuple[str, ...]
+    new_artifact_ids: tuple[str, ...]
+
+
 class Capture(StoreBase):
     def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
@@ -127,8 +136,8 @@ class Capture(StoreBase):
             raise ValueError("a request has at least one message")
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                with self._writing:
-                    return self._ingest(path, run)
+                written = self._in_transaction(lambda connection: self._ingest(connection, path, run))
+                break
             except DataError as exc:
                 raise UnstorableValue(str(getattr(exc, "orig", exc)).splitlines()[0]) from exc
             except IntegrityError:
@@ -136,61 +145,72 @@ class Capture(StoreBase):
                 # capture again, and the missing nodes are stored anew.
                 if attempt == INGEST_ATTEMPTS:
                     raise
-        raise AssertionError("unreachable")
+        else:
+            raise AssertionError("unreachable")
+        # What the assembly reads about the path is read after the commit, off the write lock (SQLite has
+        # one writer: what is done under it is what bounds throughput); it sees this capture and any
+        # committed since, as if the request had come a moment later.
+        with self.engine.connect() as connection:
+            return self._read_after_capture(connection, path, run, written)
 
-    def _ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
+    def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> IngestResult:
         tenant = run.tenant
         session_id = path[0].id
         conversation = conversation_id_for(tenant, run.session_label, path)
         now = self._now()
-        with self.engine.begin() as connection:
-            # First: the row lock it takes is what garbage collection rechecks a conversation under.
-            self._touch_conversation(connection, tenant, conversation, now)
-            if run.parent_request_id is not None:
-                parent_tenant = connection.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
-                if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
-                    raise UnknownParentRequest(run.parent_request_id)
-            existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
-            new: list[PathNode] = []
-            node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
-            open_calls: _OpenCalls = {}
-            for node in path:
-                if node.message.get("role") == "assistant":
-                    author = node.message.get("name")
-                    open_calls = {
-                        str(c.get("id")): (node.id, c, author) for c in node.message.get("tool_calls") or []
-                    }
-                if node.id in existing:
-                    continue
-                new.append(node)
-                row, artifact, raw = self._node_rows(tenant, session_id, node, open_calls, run, now)
-                node_rows.append(row)
-                if artifact is not None:
-                    artifact_rows.append(artifact)
-                    if artifact["blob_key"]:
-                        blobs[artifact["blob_key"]] = raw
-                call_rows.extend(self._call_rows(connection, tenant, node, now))
-            self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
-            self._write_blobs(connection, blobs, now)
-            self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
-            self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
-            self._insert_ignoring_conflicts(connection, ConversationNode, [
-                {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
-            ])
-            path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
-            observed, owners = self._artifact_facts(connection, path_artifacts)
-            in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
-                "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
-            subagent_results = self._subagent_results(connection, tenant, conversation, run.parent_request_id)
-            # Node ids hash the tenant in, so the leaf index alone is tenant-scoped. The leaf itself
-            # counts: a request sent again (a retry) continues the one it repeats.
-            previous = connection.execute(_PREVIOUS_RUN, {"leaves": [n.id for n in path]}).first()
-            connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path)])
+        # First: the row lock it takes is what garbage collection rechecks a conversation under.
+        self._touch_conversation(connection, tenant, conversation, now)
+        if run.parent_request_id is not None:
+            parent_tenant = connection.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
+            if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
+                raise UnknownParentRequest(run.parent_request_id)
+        existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
+        new: list[PathNode] = []
+        node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
+        open_calls: _OpenCalls = {}
+        for node in path:
+            if node.message.get("role") == "assistant":
+                author = node.message.get("name")
+                open_calls = {
+                    str(c.get("id")): (node.id, c, author) for c in node.message.get("tool_calls") or []
+                }
+            if node.id in existing:
+                continue
+            new.append(node)
+            row, artifact, raw = self._node_rows(tenant, session_id, node, open_calls, run, now)
+            node_rows.append(row)
+            if artifact is not None:
+                artifact_rows.append(artifact)
+                if artifact["blob_key"]:
+                    blobs[artifact["blob_key"]] = raw
+            call_rows.extend(self._call_rows(connection, tenant, node, now))
+        self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
+        self._write_blobs(connection, blobs, now)
+        self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
+        self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
+        self._insert_ignoring_conflicts(connection, ConversationNode, [
+            {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
+        ])
+        connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path)])
+        return _Written(session_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows))
+
+    def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
+                            written: _Written) -> IngestResult:
+        conversation = written.conversation
+        path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
+        observed, owners = self._artifact_facts(connection, path_artifacts)
+        in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
+            "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
+        subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
+        # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
+        # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
+        # retry) continues the one it repeats.
+        previous = connection.execute(_PREVIOUS_RUN, {"leaves": [n.id for n in path]}).first()
         return IngestResult(
-            session_id=session_id,
+            session_id=written.session_id,
             conversation_id=conversation,
-            new_node_ids=tuple(n.id for n in new),
-            new_artifact_ids=tuple(a["id"] for a in artifact_rows),
+            new_node_ids=written.new_node_ids,
+            new_artifact_ids=written.new_artifact_ids,
             path_artifact_ids=tuple(path_artifacts),
             observed_at=observed,
             owners=owners,
@@ -474,13 +494,16 @@ class Capture(StoreBase):
         # What the assembly stores is worked out before the write lock is taken (SQLite: one writer).
         replaced = self._replacements(assembly) if assembly is not None else []
         assembly_row = assembly_to_row(request_id, "", assembly) if assembly is not None else None
-        with self._writing, self.engine.begin() as connection:
+
+        def write(connection: Connection) -> None:
             finished = connection.execute(_FINISH_RUN, values).first()
             if assembly_row is not None and finished is not None:
                 tenant, conversation = finished
                 self._insert_ignoring_conflicts(connection, ForwardedMessage, [
                     {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
                 connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
+
+        self._in_transaction(write)
 
     def _replacements(self, assembly: AssemblyRecord) -> list[dict[str, Any]]:
         """The messages forwarded in place of the client's, stored once per conversation (most are there

@@ -5,7 +5,7 @@ import contextlib
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
@@ -13,10 +13,12 @@ from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore
 from storage.encryption import NO_ENCRYPTION, EncryptionKeys
+from storage.group_commit import GroupCommit
 from storage.schema import Base
 from storage.sealed_blobs import SealedBlobs
 
 DEFAULT_INLINE_MAX_BYTES = 64 * 1024
+T = TypeVar("T")
 
 
 class StoreBase:
@@ -44,6 +46,16 @@ class StoreBase:
         # process take turns here instead, handing over the moment a write commits; other
         # processes (--workers, replicas) still meet the busy handler.
         self._writing = threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
+        # SQLite: the captures and outcomes queued together commit together (storage/group_commit.py).
+        self._group = GroupCommit(engine, self._writing) if engine.dialect.name == "sqlite" else None
+
+    def _in_transaction(self, work: Callable[[Connection], T]) -> T:
+        """`work(connection)` in a committed transaction: on SQLite shared with the writes queued beside
+        it; on PostgreSQL its own (the server groups concurrent commits itself)."""
+        if self._group is not None:
+            return self._group.run(work)
+        with self.engine.begin() as connection:
+            return work(connection)
 
     @property
     def is_postgresql(self) -> bool:
