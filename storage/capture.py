@@ -17,7 +17,7 @@ import zlib
 from datetime import datetime
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import DataError, IntegrityError
 
 from policies.tokens import count_text
@@ -98,6 +98,22 @@ _PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
     .where(_RUNS.c.leaf_node_id.in_(bindparam("leaves", expanding=True)), _RUNS.c.tokens_original.is_not(None))
     .order_by(_RUNS.c.started_at.desc()).limit(1)
 )
+# The same two reads on SQLite, handed the ids as one JSON array (`json_each`): an `IN` list of a
+# thousand parameters costs SQLAlchemy a statement rendered anew, and its DateTime reads a regex per row.
+_ARTIFACT_FACTS_SQLITE = text(
+    "SELECT id, observed_at, owner_participant FROM tool_artifacts WHERE id IN (SELECT value FROM json_each(:ids))")
+_PREVIOUS_RUN_SQLITE = text(
+    "SELECT tokens_original, leaf_node_id, id, conversation_id FROM model_runs"
+    " WHERE leaf_node_id IN (SELECT value FROM json_each(:leaves)) AND tokens_original IS NOT NULL"
+    " ORDER BY started_at DESC LIMIT 1")
+
+
+def _sqlite_moment(value: str | datetime) -> float:
+    """Unix seconds of a DateTime as SQLite holds it (SQLAlchemy's text of a naive UTC datetime)."""
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+    return as_utc(moment).timestamp()
+
+
 _INSERT_RUN = insert(_RUNS)
 # How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
 _KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
@@ -205,7 +221,9 @@ class Capture(StoreBase):
         # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
         # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
         # retry) continues the one it repeats.
-        previous = connection.execute(_PREVIOUS_RUN, {"leaves": [n.id for n in path]}).first()
+        leaves = [n.id for n in path]
+        previous = (connection.execute(_PREVIOUS_RUN_SQLITE, {"leaves": json.dumps(leaves)}) if
+                    connection.dialect.name == "sqlite" else connection.execute(_PREVIOUS_RUN, {"leaves": leaves})).first()
         return IngestResult(
             session_id=written.session_id,
             conversation_id=conversation,
@@ -321,6 +339,12 @@ class Capture(StoreBase):
     ) -> tuple[dict[str, float], dict[str, str]]:
         observed: dict[str, float] = {}
         owners: dict[str, str] = {}
+        if connection.dialect.name == "sqlite":  # one JSON parameter: no statement built per id count
+            for artifact_id, moment, owner in connection.execute(_ARTIFACT_FACTS_SQLITE,
+                                                                 {"ids": json.dumps(artifact_ids)}):
+                observed[artifact_id] = _sqlite_moment(moment)
+                owners[artifact_id] = owner
+            return observed, owners
         for start in range(0, len(artifact_ids), _CHUNK):
             rows = connection.execute(_ARTIFACT_FACTS, {"ids": artifact_ids[start : start + _CHUNK]})
             for artifact_id, moment, owner in rows:
