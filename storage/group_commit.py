@@ -10,9 +10,12 @@ own error, and the others commit.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import threading
 from collections import deque
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from sqlalchemy import Connection, Engine
 
@@ -33,9 +36,14 @@ class GroupCommit:
     """Runs `work(connection)` in a transaction shared with the writes queued beside it (`most` at a
     time), under `lock` (the store's write lock: other writers take turns with the group)."""
 
-    def __init__(self, engine: Engine, lock: threading.Lock, most: int = 32) -> None:
+    def __init__(self, engine: Engine, lock: threading.Lock, most: int = 32, lock_file: str | None = None) -> None:
         self.engine = engine
         self.lock = lock
+        # Between processes (`--workers`, several gateways on one file) SQLite's own wait is a sleep
+        # that backs off (1, 2, 5, 10 ... 100 ms) and retries; a group waits on this file's lock
+        # instead and starts the moment the other process's group commits. Advisory: SQLite still
+        # keeps the writes apart; the kernel drops the lock of a process that dies.
+        self._lock_file = lock_file
         self.most = most
         self._queue: deque[_Write[Any]] = deque()
         self._queuing = threading.Lock()
@@ -56,6 +64,10 @@ class GroupCommit:
         return write.result  # type: ignore[return-value]
 
     def _commit(self, group: list[_Write[Any]]) -> None:
+        with _held(self._lock_file):
+            self._commit_held(group)
+
+    def _commit_held(self, group: list[_Write[Any]]) -> None:
         try:
             with self.engine.begin() as connection:
                 for write in group:
@@ -63,7 +75,7 @@ class GroupCommit:
         except Exception as exc:
             if len(group) > 1:
                 for write in group:  # each alone: the failing one gets its own error
-                    self._commit([write])
+                    self._commit_held([write])
                 return
             group[0].error = exc
         except BaseException as exc:  # interrupted: every write of the group is told so
@@ -75,3 +87,17 @@ class GroupCommit:
             self.writes += len(group)
         for write in group:
             write.done = True
+
+
+@contextlib.contextmanager
+def _held(path: str | None) -> Iterator[None]:
+    """An exclusive advisory lock on the file at `path` (none without one)."""
+    if path is None:
+        yield
+        return
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock

@@ -47,7 +47,8 @@ class StoreBase:
         # processes (--workers, replicas) still meet the busy handler.
         self._writing = threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
         # SQLite: the captures and outcomes queued together commit together (storage/group_commit.py).
-        self._group = GroupCommit(engine, self._writing) if engine.dialect.name == "sqlite" else None
+        self._group = GroupCommit(engine, self._writing, lock_file=_writer_lock_file(engine)) \
+            if engine.dialect.name == "sqlite" else None
 
     def _in_transaction(self, work: Callable[[Connection], T]) -> T:
         """`work(connection)` in a committed transaction: on SQLite shared with the writes queued beside
@@ -72,3 +73,12 @@ class StoreBase:
         if statement is None:
             statement = self._ignoring_conflicts[model] = self._insert(model.__table__).on_conflict_do_nothing()
         session.execute(statement, rows)
+
+
+def _writer_lock_file(engine: Engine) -> str | None:
+    """`<database>-writer.lock` beside a SQLite file (None in memory): the processes writing to one
+    file take turns on it (storage/group_commit.py)."""
+    database = engine.url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return f"{database}-writer.lock"
