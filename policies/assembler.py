@@ -107,6 +107,11 @@ class _Replay:
 _REPLAYS = BoundedCache(512)
 _RESUME_LOOKBACK = 4
 
+# What `_Assembly._index_duplicates` found for a request (length, views, duplicates and the outputs
+# seen by digest), by (node id of its last message, context): the next request looks at its new results
+# alone. Not mutated once stored.
+_DUPLICATES = BoundedCache(128)
+
 _START_CANDIDATES = 64  # where a move may start: the first this many messages of the window that save
 
 
@@ -120,9 +125,10 @@ class _Round:
         return self.tools[-1] if self.tools else self.assistant
 
 
-def _rounds(messages: Sequence[Mapping[str, Any]]) -> list[_Round]:
+def _rounds(messages: Sequence[Mapping[str, Any]], start: int = 0) -> list[_Round]:
+    """The tool rounds of `messages` from `start` (the first message, or where a round starts) on."""
     rounds: list[_Round] = []
-    i = 0
+    i = start
     while i < len(messages):
         if messages[i].get("role") == "assistant" and messages[i].get("tool_calls"):
             j = i + 1
@@ -133,6 +139,37 @@ def _rounds(messages: Sequence[Mapping[str, Any]]) -> list[_Round]:
         else:
             i += 1
     return rounds
+
+
+# The rounds of a conversation and the round of each of their messages, by the node id of its last
+# message (which names every message before it): the next request scans only from the previous one's
+# last round on (which its new messages may extend). Not mutated once stored.
+_ROUNDS = BoundedCache(256)
+
+
+def _rounds_and_numbers(messages: Sequence[Mapping[str, Any]],
+                        node_ids: Sequence[str] | None) -> tuple[list[_Round], dict[int, int]]:
+    """`_rounds(messages)` and message index -> round number (from 1), resumed from an earlier
+    request's that ended within the last few messages."""
+    rounds: list[_Round] = []
+    round_of: dict[int, int] = {}
+    start = 0
+    if node_ids:
+        for position in range(len(messages) - 1, max(-1, len(messages) - 1 - _PREFIX_LOOKBACK), -1):
+            found = _ROUNDS.get(node_ids[position])
+            if found is not None:
+                earlier, earlier_of = found
+                if earlier:  # its last round may go on in the new messages: scanned again
+                    rounds, round_of, start = list(earlier[:-1]), dict(earlier_of), earlier[-1].assistant
+                break
+    for rnd in _rounds(messages, start):
+        rounds.append(rnd)
+        number = len(rounds)
+        for index in (rnd.assistant, *rnd.tools):
+            round_of[index] = number
+    if node_ids:
+        _ROUNDS.put(node_ids[-1], (tuple(rounds), dict(round_of)))
+    return rounds, round_of
 
 
 def _age(seconds: float) -> str:
@@ -156,12 +193,8 @@ class _Assembly:
                             frozenset(records.subagent_results.items()))
         self.messages, self.records = messages, records
         self.now, self.provider, self.encoding, self.participant = now, provider, encoding, participant
-        self.rounds = _rounds(messages)
+        self.rounds, self.round_of = _rounds_and_numbers(messages, node_ids)
         self.tokens = list(tokens) if tokens is not None else [message_tokens(m, encoding) for m in messages]
-        self.round_of: dict[int, int] = {}
-        for number, rnd in enumerate(self.rounds, start=1):
-            for index in (rnd.assistant, *rnd.tools):
-                self.round_of[index] = number
         self._memory_cache: dict[tuple[int, str | None], tuple[str, int, str]] = {}
         self._rules: dict[int, ToolRule] = {}
         self._restricted: dict[int, bool] = {}
@@ -173,6 +206,14 @@ class _Assembly:
         self._index_duplicates()
         self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
         self._arguments: dict[int, tuple[dict[str, Any], str, int] | None] = {}
+        # what the decision loop of the conversation's latest earlier request decided (see `_unchanged`)
+        self.previous: _Decided | None = None
+        if node_ids and messages:
+            for position in range(len(messages) - 1, max(-1, len(messages) - 1 - _PREFIX_LOOKBACK), -1):
+                self.previous = _DECISIONS.get((node_ids[position], self.context_key))
+                if self.previous is not None:
+                    self._arguments = dict(self.previous.arguments)
+                    break
         self._assistants: list[int] | None = None  # assistant messages before each index
 
     # -- facts about one tool message, as of a snapshot (rounds <= upto) ---------
@@ -241,19 +282,44 @@ class _Assembly:
         """For each ok result, the first earlier ok result with the same output (or the same apart
         from timestamps and timings) that the requester may see raw."""
         self.duplicate: dict[int, tuple[int, bool]] = {}  # index -> (earlier index, exact)
-        exact: dict[str, list[int]] = {}
-        loose: dict[str, list[int]] = {}
-        for index in sorted(self.records.artifacts):
-            view = self.records.artifacts[index]
+        exact: dict[str, tuple[int, ...]] = {}
+        loose: dict[str, tuple[int, ...]] = {}
+        artifacts, start = self.records.artifacts, 0
+        earlier = self._earlier_duplicates()
+        if earlier is not None:
+            start, views, found, exact_then, loose_then = earlier
+            self.duplicate, exact, loose = dict(found), dict(exact_then), dict(loose_then)
+        for index in sorted(i for i in artifacts if i >= start):
+            view = artifacts[index]
             if view.status != "ok" or not view.content:
                 continue
             normal = loose_digest(view)
             for table, key, is_exact in ((exact, view.sha256, True), (loose, normal, False)):
                 if key is None:
                     continue
-                if index not in self.duplicate and (earlier := self._first_seen(table.get(key, ()))) is not None:
-                    self.duplicate[index] = (earlier, is_exact)
-                table.setdefault(key, []).append(index)
+                if index not in self.duplicate and (first := self._first_seen(table.get(key, ()))) is not None:
+                    self.duplicate[index] = (first, is_exact)
+                table[key] = (*table.get(key, ()), index)
+        if self.node_ids and self.messages and start < len(self.messages):
+            _DUPLICATES.put((self.node_ids[-1], self.context_key),
+                            (len(self.messages), dict(artifacts), self.duplicate, exact, loose))
+
+    def _earlier_duplicates(self) -> tuple[Any, ...] | None:
+        """What `_index_duplicates` found for the latest earlier request of this conversation (ending
+        within the last few messages), when every view it read is the one this request has: which earlier
+        output a repeat refers to reads only those views (whom each may be shown to) and the context."""
+        if not self.node_ids or not self.messages:
+            return None
+        for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - _PREFIX_LOOKBACK), -1):
+            found = _DUPLICATES.get((self.node_ids[position], self.context_key))
+            if found is not None:
+                length, views = found[0], found[1]
+                artifacts = self.records.artifacts
+                if sum(1 for i in artifacts if i < length) != len(views) or \
+                        any(artifacts.get(i) is not v for i, v in views.items()):
+                    return None
+                return found
+        return None
 
     def _first_seen(self, candidates: Sequence[int]) -> int | None:
         """The first of `candidates` the requester may see raw (checked only when a duplicate is found)."""
@@ -690,6 +756,77 @@ class _Assembly:
         return best
 
 
+# What the decision loop of `assemble` decided for a request, by (node id of its last message, context):
+# the conversation's next request takes the same decisions for the messages whose inputs are unchanged
+# (see `_unchanged`) and decides the rest again. One entry per request; small values (decisions,
+# memories' texts); the views are the records' own.
+_DECISIONS = BoundedCache(128)
+
+
+@dataclass(frozen=True)
+class _Decided:
+    length: int
+    last_round: _Round | None
+    last_end: int  # the last message of the last round (-1: none)
+    now: float
+    views: dict[int, Any]  # the records' views, by index
+    latest: frozenset[int]
+    trailing: frozenset[int]
+    superseder: dict[int, int]
+    retried_at: dict[int, int]
+    duplicate: dict[int, tuple[int, bool]]
+    boundary: int
+    epoch_round: int
+    as_of: dict[int, int]
+    pinned: frozenset[int]
+    # index -> (decision, content put in its place or None, omission counted or None, its tokens)
+    results: dict[int, tuple[Decision, Any, str | None, int | None]]
+    # assistant index -> its call arguments compacted (`_Assembly.compacted_arguments`): a function of
+    # its message, the artifact ids its calls' arguments were given (named by its node id) and the context
+    arguments: dict[int, Any]
+
+
+def _unchanged(state: "_Assembly", epochs: _Epochs, latest: set[int], trailing: set[int]) -> tuple[_Decided, set[int]] | None:
+    """The decisions of the latest earlier request of this conversation (ending within the last few
+    messages) and the messages of its length whose decision may differ now (None: none to reuse).
+
+    A tool message's decision reads, besides the context of `_Assembly.context_key` and what its node
+    id names (its message and every one before it): its view (owner, observation time), `now` (only
+    through staleness), whether it is among the latest rounds or the trailing results, what supersedes
+    it, what retries it, its earlier duplicate, whether its round is behind the boundary and as of which
+    round it is rendered, whether it is pinned, and the epoch (only in the reason `epoch:N`). Whatever
+    of these differs from the earlier request's marks it to be decided again."""
+    previous = state.previous
+    if previous is None:
+        return None
+    policy = state.policy
+    if previous.now != state.now and (policy.rule_for(None).stale_after is not None
+                                      or any(r.stale_after is not None for r in policy.tools)):
+        return None
+    if previous.last_round is not None:  # the new messages may have extended its last round
+        number = state.round_of.get(previous.last_round.assistant)
+        if number is None or state.rounds[number - 1] != previous.last_round:
+            return None
+    dirty = set(latest) | trailing | previous.latest | previous.trailing
+    for now_, then in ((state.superseder, previous.superseder), (state.retried_at, previous.retried_at),
+                       (state.duplicate, previous.duplicate)):
+        if now_ != then:
+            dirty.update(k for k in now_.keys() | then.keys() if now_.get(k) != then.get(k))
+    for table in (state.superseder, state.retried_at):  # a later result outside the rounds counted then
+        dirty.update(k for k, v in table.items() if v > previous.last_end)
+    if epochs.boundary != previous.boundary:
+        low, high = sorted((epochs.boundary, previous.boundary))
+        for rnd in state.rounds[low:high]:
+            dirty.update(rnd.tools)
+    if epochs.pinned != previous.pinned:
+        dirty.update(epochs.pinned ^ previous.pinned)
+    if epochs.as_of != previous.as_of:
+        for number in epochs.as_of.keys() | previous.as_of.keys():
+            if epochs.as_of.get(number) != previous.as_of.get(number) and 0 < number <= len(state.rounds):
+                dirty.update(state.rounds[number - 1].tools)
+    return previous, dirty
+
+
 def assemble(
     policy: Policy,
     messages: Sequence[Mapping[str, Any]],
@@ -717,6 +854,7 @@ def assemble(
     out: list[dict[str, Any]] = [dict(m) for m in messages]
     as_sent = list(out)  # a message replaced in `out` is a new object
     decisions: dict[int, Decision] = {}
+    sent_tokens: dict[int, int] = {}  # the tokens of a message replaced in `out`, as it is there now
     omissions: Counter[str] = Counter()
     epochs = state.epochs() if policy.enabled else _Epochs(0, 0, {}, frozenset())
     boundary, epoch_round, as_of = epochs.boundary, epochs.epoch_round, epochs.as_of
@@ -727,15 +865,25 @@ def assemble(
             break
         trailing.add(index)
 
+    results: dict[int, tuple[Decision, Any, str | None, int | None]] = {}
+    reuse = _unchanged(state, epochs, latest, trailing) if policy.enabled else None
+    previous, dirty = reuse if reuse is not None else (None, set())
+    moved_from = f"epoch:{previous.epoch_round}" if previous is not None and previous.epoch_round != epoch_round else None
+
     def decide(index: int, action: str, reason: str, content: Any = None, artifact: str | None = None,
-               kept: str = "", tokens: int | None = None) -> None:
+               kept: str = "", tokens: int | None = None, omission: str | None = None) -> None:
         """`tokens`: the message's tokens with `content`, when known (a memory's are)."""
         if content is not None:
             out[index] = {**out[index], "content": content}
         after = state.tokens[index] if content is None else tokens if tokens is not None \
             else message_tokens(out[index], encoding)
+        if content is not None:
+            sent_tokens[index] = after
         decisions[index] = Decision(index, str(messages[index].get("role")), action, reason, artifact,
                                     state.tokens[index], after, kept)
+        if omission is not None:
+            omissions[omission] += 1
+        results[index] = (decisions[index], content, omission, after if content is not None else None)
 
     for index, message in enumerate(messages):
         role = message.get("role")
@@ -743,11 +891,28 @@ def assemble(
         if not policy.enabled or role != "tool" or view is None:
             continue
         rnd = state.round_of.get(index, 0)
+        if previous is not None and index < previous.length and rnd and index not in dirty \
+                and previous.views.get(index) is view:
+            found = previous.results.get(index)
+            if found is not None:  # decided as the earlier request decided it
+                decision, content, omission, after = found
+                if content is not None:
+                    out[index] = {**out[index], "content": content}
+                    sent_tokens[index] = after  # type: ignore[assignment]
+                if moved_from is not None and decision.reason == moved_from:
+                    decision = Decision(decision.index, decision.role, decision.action, f"epoch:{epoch_round}",
+                                        decision.artifact_id, decision.tokens_before, decision.tokens_after,
+                                        decision.kept)
+                    found = (decision, content, omission, after)
+                decisions[index] = decision
+                if omission is not None:
+                    omissions[omission] += 1
+                results[index] = found
+            continue
         seen = state.access(index)
         if seen.level == "none":
             decide(index, "withheld", str(seen.reason),
-                   render_notice(view, notice_reason(seen, provider)), view.artifact_id)
-            omissions[str(seen.omission)] += 1
+                   render_notice(view, notice_reason(seen, provider)), view.artifact_id, omission=str(seen.omission))
             continue
         if seen.level == "memory":
             text, tokens = state.memory(index)
@@ -761,8 +926,7 @@ def assemble(
         if replacement := state.superseded_by(index, len(state.rounds)):
             # Correctness, not economy: an older observation never passes for current.
             decide(index, "superseded", f"superseded_by:{replacement}",
-                   state.superseded_notice(index, replacement), view.artifact_id)
-            omissions["superseded"] += 1
+                   state.superseded_notice(index, replacement), view.artifact_id, omission="superseded")
             continue
         if (why := state.protected(index, snapshot)) and not stale:
             decide(index, "protected", why, artifact=view.artifact_id)
@@ -779,8 +943,15 @@ def assemble(
     if policy.enabled:
         for rnd in state.rounds[:boundary]:
             if rnd.assistant not in epochs.pinned:
-                _compact_call_arguments(state, rnd.assistant, out, decisions)
-        _rehydrate_named(state, out, decisions)
+                _compact_call_arguments(state, rnd.assistant, out, decisions, sent_tokens)
+        _rehydrate_named(state, out, decisions, sent_tokens)
+    if policy.enabled and node_ids is not None and messages:
+        last_round = state.rounds[-1] if state.rounds else None
+        _DECISIONS.put((node_ids[-1], state.context_key), _Decided(
+            len(messages), last_round, last_round.end if last_round else -1, now, dict(records.artifacts),
+            frozenset(latest), frozenset(trailing), dict(state.superseder), dict(state.retried_at),
+            dict(state.duplicate), boundary, epoch_round, dict(as_of), epochs.pinned, results,
+            {i: found for i, found in state._arguments.items() if i < len(messages)}))
     projection_messages = out
     if policy.budget.max_prompt_tokens is not None:
         projection_messages = fit_budget(state, out, decisions, omissions, latest)
@@ -791,8 +962,10 @@ def assemble(
             decisions[index] = Decision(index, str(message.get("role")), "verbatim", "kept", None,
                                         state.tokens[index], state.tokens[index])
     if projection_messages is out:  # nothing omitted: a message forwarded as it came counts as it came
-        forwarded = sum(state.tokens[i] if sent is as_sent[i] else message_tokens(sent, encoding)
-                        for i, sent in enumerate(out))
+        if policy.budget.max_prompt_tokens is not None:
+            sent_tokens.clear()  # fit_budget may have replaced messages again
+        forwarded = sum(state.tokens[i] if sent is as_sent[i] else sent_tokens[i] if i in sent_tokens
+                        else message_tokens(sent, encoding) for i, sent in enumerate(out))
     else:
         forwarded = sum(message_tokens(m, encoding) for m in projection_messages)
     return Projection(
@@ -815,7 +988,8 @@ def assemble(
 _ARTIFACT_ID = re.compile(r"\b(art_[0-9a-f]{20})\b")
 
 
-def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision]) -> None:
+def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
+                     sent_tokens: dict[int, int]) -> None:
     """Artifacts the latest user message names by id go back in raw, when allowed and within bounds."""
     latest_user = next((m for m in reversed(state.messages) if m.get("role") == "user"), None)
     if latest_user is None:
@@ -837,15 +1011,17 @@ def _rehydrate_named(state: _Assembly, out: list[dict[str, Any]], decisions: dic
             continue
         out[index] = {**out[index], "content": state.policy.redaction.redactor.redact_content(
             state.messages[index].get("content"))}
+        sent_tokens.pop(index, None)
         decisions[index] = Decision(index, "tool", "rehydrated", "named_by_user", view.artifact_id,
                                     state.tokens[index], state.tokens[index])
 
 
 def _compact_call_arguments(state: _Assembly, index: int, out: list[dict[str, Any]],
-                            decisions: dict[int, Decision]) -> None:
+                            decisions: dict[int, Decision], sent_tokens: dict[int, int]) -> None:
     found = state.compacted_arguments(index)
     if found is not None:
         message, ref, tokens = found
         out[index] = {**out[index], "tool_calls": message["tool_calls"]}
+        sent_tokens[index] = tokens  # `message` is the original with these calls, as `out[index]` is now
         decisions[index] = Decision(index, "assistant", "arguments_compacted", "epoch", ref,
                                     state.tokens[index], tokens)

@@ -50,20 +50,33 @@ def _facts(node: PathNode, encoding: str) -> tuple[str, str, str, int]:
 
 
 _MESSAGE_TOKENS = BoundedCache(262144)  # (node id, encoding) -> tokens of the node's message
+# The token counts of a path by (node id of its last message, encoding): a node id names its whole
+# prefix, so the next request of the conversation counts (or looks up) only its new messages. Lists of
+# small ints, one per request: a few hundred conversations' worth.
+_PATH_TOKENS = BoundedCache(256)
 
 
 def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> list[int]:
     """`message_tokens` of each message of the path, remembered by node id: a node id names its
     message, and an agent re-sends the same messages every turn, so each is counted once per process
-    (without hashing its text again, as a cache keyed by text would)."""
-    out = []
-    for node in path:
+    (without hashing its text again, as a cache keyed by text would). The counts of the longest prefix
+    an earlier request of the conversation ended on (within its last few messages) are taken whole."""
+    out: list[int] = []
+    start = 0
+    for position in range(len(path) - 1, max(-1, len(path) - 1 - _PREFIX_LOOKBACK), -1):
+        found = _PATH_TOKENS.get((path[position].id, encoding))
+        if found is not None:
+            out, start = list(found), position + 1
+            break
+    for node in path[start:]:
         key = (node.id, encoding)
         tokens = _MESSAGE_TOKENS.get(key)
         if tokens is None:
             tokens = message_tokens(node.message, encoding)
             _MESSAGE_TOKENS.put(key, tokens)
         out.append(tokens)
+    if path and start < len(path):
+        _PATH_TOKENS.put((path[-1].id, encoding), tuple(out))
     return out
 
 

@@ -40,9 +40,11 @@ class BoundedCache:
 _LOOSE = BoundedCache(65536)
 
 
+@functools.lru_cache(maxsize=16384)
 def argument_value(arguments: str | None, path: str) -> str | None:
     """The value at `arguments.x.y` of a call's JSON arguments, canonicalised (several paths joined
-    by commas: the values together)."""
+    by commas: the values together). Memoised: every request of a conversation asks again for the
+    same calls' values."""
     try:
         parsed: Any = json.loads(arguments or "")
     except ValueError:

@@ -5,6 +5,7 @@ prefixes, a policy change between requests, another tenant, other owners and oth
 project exactly as a process that has seen nothing does."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from policies.result_facts import BoundedCache
 from policies.transcript import artifact_id_for, message_path
 
 NOW = 1_800_000_000.0
-SHARED = ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_REPLAYS")
+SHARED = ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_REPLAYS", "_ROUNDS", "_DECISIONS", "_DUPLICATES")
 
 # results another participant produced are shown only as memories; old ones are stale
 _STRICT = policy_from_mapping({
@@ -33,20 +34,21 @@ def fresh(pol: Any, tenant: str, sent: list[dict], monkeypatch: pytest.MonkeyPat
     """Records and projection as a process that has seen nothing builds them (every cache empty)."""
     with monkeypatch.context() as m:
         m.setattr(path_records, "_PREFIXES", BoundedCache(16))
+        m.setattr(path_records, "_PATH_TOKENS", BoundedCache(16))
         for name in SHARED:
             m.setattr(assembler, name, BoundedCache(16))
         nodes = message_path(tenant, sent)
-        participant = kw.pop("participant", None)
+        participant, at = kw.pop("participant", None), kw.pop("at", NOW)
         records = records_for_path(nodes, kw.pop("now", NOW), **kw)
-        return records, assemble(pol, sent, records, NOW, foresee=True, participant=participant)
+        return records, assemble(pol, sent, records, at, foresee=True, participant=participant)
 
 
 def cached(pol: Any, tenant: str, sent: list[dict], now: float = NOW, **kw: Any) -> tuple:
     """As the gateway builds them: with the caches, token counts per node and node ids."""
     nodes = message_path(tenant, sent)
-    participant = kw.pop("participant", None)
+    participant, at = kw.pop("participant", None), kw.pop("at", NOW)
     records = records_for_path(nodes, now, **kw)
-    return records, assemble(pol, sent, records, NOW, foresee=True, participant=participant,
+    return records, assemble(pol, sent, records, at, foresee=True, participant=participant,
                              tokens=path_tokens(nodes), node_ids=[n.id for n in nodes])
 
 
@@ -90,3 +92,77 @@ def test_owners_and_observation_times_are_read_per_request(monkeypatch: pytest.M
         for pol in (_STRICT, preset("coding-agent")):
             same(pol, tenant, sent, monkeypatch, owners=owners, observed_at=observed, participant="alice")
             same(pol, tenant, sent, monkeypatch, now=NOW + 10 * number)
+
+
+def test_decisions_are_reused_only_where_nothing_they_read_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The previous request's decisions are taken for the messages whose inputs are unchanged: across
+    epoch moves (the reason names the new epoch), results newly superseded or retried, the latest rounds
+    and trailing results moving on, and, under a policy that marks results stale, a later `now`."""
+    reused = []
+    unchanged = assembler._unchanged
+
+    def counting(*args: Any) -> Any:
+        found = unchanged(*args)
+        reused.append(found is not None)
+        return found
+
+    monkeypatch.setattr(assembler, "_unchanged", counting)
+    epochs = set()
+    for path in sorted(TRACES.glob("*.jsonl"))[1::2]:
+        messages = load(path)["messages"]
+        tenant = f"reuse-{path.stem}"
+        for number, end in enumerate(turns(messages)):
+            sent = messages[:end]
+            _, projection = cached(preset("coding-agent"), tenant, sent)
+            epochs.add(projection.epoch_round)
+            same(preset("coding-agent"), tenant, sent, monkeypatch)
+            # results go stale as `now` moves on; the same `now` resent
+            same(_STRICT, f"{tenant}-stale", sent, monkeypatch, at=NOW + 1200 * number)
+            same(_STRICT, f"{tenant}-stale", sent, monkeypatch, at=NOW + 1200 * number)
+    assert sum(reused) > len(reused) // 3 and len(epochs) > 3  # the reuse was exercised, across epochs
+
+
+def _agent_run(rounds: int) -> list[dict]:
+    """Reads of a few files again and again (each supersedes the previous read of its file), failed
+    commands retried several rounds later, outputs repeated word for word; long enough outputs for the
+    boundary to move now and then."""
+    body = "\n".join(f"line {i}: some output of the tool with words in it" for i in range(40))
+    messages: list[dict] = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    for r in range(rounds):
+        if r % 3 == 0:
+            name, arguments, result = "read_file", {"path": f"src/f{r % 5}.py"}, f"# f{r % 5} as of {r}\n{body}"
+        elif r % 3 == 1:
+            step = r - 9 if r % 2 and r >= 9 else r  # a failed step is run again nine rounds later
+            name, arguments = "bash", {"command": f"make step{step}"}
+            result = (f"Error: step {step} failed\n" if r % 4 == 1 and step == r else f"step {step} ok\n") + body
+        else:
+            name, arguments, result = "grep", {"pattern": "x"}, "same output every time\n" + body
+        call = {"id": f"c{r}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{r}", "content": result}]
+    return messages
+
+
+@pytest.mark.parametrize("keep,trigger", [(1, 2000), (3, 2000), (1, 9000)])
+def test_reuse_across_supersessions_retries_and_duplicates(keep: int, trigger: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request of an agent run (the boundary moving by one round, or by many at once), then the
+    same requests by a participant for whom earlier repeats of an output are someone else's, shown as
+    memories (which earlier output a repeat refers to changes from request to request)."""
+    messages = _agent_run(60)
+    base = preset("coding-agent").model_dump(mode="json")
+    compaction = {**base["compaction"], "keep_recent_rounds": keep, "trigger_tokens": trigger}
+    pol = policy_from_mapping({**base, "compaction": compaction}, "test")
+    tools = [{**rule, "visibility": "memory"} if "grep" in rule["match"] else rule for rule in base["tools"]]
+    private = policy_from_mapping({**base, "compaction": compaction, "tools": tools}, "test")
+    tenant = f"agent-run-{keep}-{trigger}"
+    for end in range(4, len(messages) + 1, 2):
+        same(pol, tenant, messages[:end], monkeypatch)
+    early = artifact_id_for(message_path(tenant, messages[:4])[3].id)  # the user names a compacted result
+    same(pol, tenant, [*messages, {"role": "assistant", "content": "done"},
+                       {"role": "user", "content": f"show me artifact:{early} again"}], monkeypatch)
+    for end in range(4, len(messages) + 1, 2):  # a conversation of its own: the records keep their views
+        nodes = message_path(f"{tenant}-private", messages[:end])
+        results = [artifact_id_for(n.id) for n in nodes if n.message.get("role") == "tool"]
+        owners = {a: "bob" if (i // 3 + end // 2) % 4 == 0 else "alice" for i, a in enumerate(results)}
+        same(private, f"{tenant}-private", messages[:end], monkeypatch, owners=owners, participant="alice")
