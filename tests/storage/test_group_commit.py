@@ -75,3 +75,30 @@ def test_a_failing_write_fails_alone_and_the_others_commit(group: GroupCommit) -
 def test_one_write_alone_is_an_ordinary_transaction(group: GroupCommit) -> None:
     assert group.run(_insert(7)) == 7
     assert _committed(group) == [7] and (group.groups, group.writes) == (1, 1)
+
+
+def test_a_group_waits_for_another_process_holding_the_writer_lock(tmp_path: Path) -> None:
+    """Processes writing to one SQLite file take turns on `<db>-writer.lock` (an flock: another open of
+    the file stands in for another process here)."""
+    from storage.group_commit import _held
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE t (v INTEGER PRIMARY KEY)"))
+    lock_file = str(tmp_path / "g.db-writer.lock")
+    group = GroupCommit(engine, threading.Lock(), lock_file=lock_file)
+    done = threading.Event()
+    with _held(lock_file):
+        writer = threading.Thread(target=lambda: (group.run(_insert(1)), done.set()))
+        writer.start()
+        assert not done.wait(0.3)  # waiting on the other holder
+    assert done.wait(10)
+    writer.join()
+    assert _committed(group) == [1]
+
+
+def test_stores_on_a_sqlite_file_name_the_writer_lock_beside_it(tmp_path: Path) -> None:
+    from storage.store_base import _writer_lock_file
+
+    assert _writer_lock_file(make_engine(f"sqlite:///{tmp_path / 'a.db'}")) == f"{tmp_path / 'a.db'}-writer.lock"
+    assert _writer_lock_file(make_engine("sqlite://")) is None
