@@ -18,12 +18,11 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 """
 from __future__ import annotations
 
-import heapq
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
 
 from policies.memories import (
     compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of,
@@ -32,8 +31,11 @@ from policies.policy import Policy, ToolRule
 from policies.result_facts import (
     BoundedCache, argument_value, loose_digest, revision_of, short_values, shown_revision,
 )
+from policies import decision_reuse
 from policies.assembly_types import Decision, Projection, Records
 from policies.budget_fit import fit_budget
+from policies.epoch_replay import EpochReplay, Epochs
+from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
 
@@ -47,129 +49,14 @@ _NODE_SAVINGS = BoundedCache(65536)
 # Where the terms of a conversation were first named, by the node id of its last message (which names
 # every message before it): the next request looks up only its new messages' terms.
 _NAMED_TERMS = BoundedCache(256)
-_PREFIX_LOOKBACK = 16  # where an earlier request of the conversation may have ended: its last few messages
 
 
-@dataclass
-class _Window:
-    """The savings of the messages a move would compact, with their sum and the first that saves."""
-
-    upto: int  # rounds before this one are in the window (or behind the boundary)
-    values: dict[int, int] = field(default_factory=dict)
-    total: int = 0
-    _saving: list[int] = field(default_factory=list)  # a heap of indices, some no longer saving
-
-    def put(self, index: int, saving: int) -> None:
-        self.total += saving - self.values.get(index, 0)
-        self.values[index] = saving
-        if saving > 0:
-            heapq.heappush(self._saving, index)
-
-    def first(self) -> int | None:
-        while self._saving and self.values.get(self._saving[0], 0) <= 0:
-            heapq.heappop(self._saving)
-        return self._saving[0] if self._saving else None
-
-
-@dataclass(frozen=True)
-class _Epochs:
-    boundary: int  # rounds up to this one are behind the boundary
-    epoch_round: int  # the round count at which the boundary last moved
-    as_of: dict[int, int]  # compacted round -> the round count it is rendered as of
-    pinned: frozenset[int]  # messages behind the boundary that a move left verbatim
-    upcoming: int | None = None  # the first message the next move is expected to change
-    due: bool = False  # the next request is expected to make that move
-
-
-@dataclass
-class _Replay:
-    """The epoch replay's state after round `t` (see `_Assembly.epochs`)."""
-
-    t: int
-    boundary: int
-    epoch_round: int
-    compacted_at: dict[int, int]  # round number -> the round count whose move compacted it
-    refreshed: int  # the latest refresh re-rendered every round compacted by then
-    window: _Window
-    pinned: set[int]  # messages a move left verbatim for good: compacting them never paid
-
-    def copy(self) -> "_Replay":
-        window = _Window(upto=self.window.upto, values=dict(self.window.values), total=self.window.total,
-                         _saving=list(self.window._saving))
-        return _Replay(self.t, self.boundary, self.epoch_round, dict(self.compacted_at), self.refreshed, window,
-                       set(self.pinned))
-
-
-# Replays by (node id at a round's end, context): a conversation's next request resumes where its
-# previous one left off instead of replaying every round again. Pure: a state is a function of its key.
-# One entry per request, holding a few small ints per round: 512 conversations stay resumable (about
-# 20 MB at worst, for 500-round conversations); a conversation that fell out replays in full once.
-_REPLAYS = BoundedCache(512)
-_RESUME_LOOKBACK = 4
 
 # What `_Assembly._index_duplicates` found for a request (length, views, duplicates and the outputs
 # seen by digest), by (node id of its last message, context): the next request looks at its new results
 # alone. Not mutated once stored.
 _DUPLICATES = BoundedCache(128)
 
-_START_CANDIDATES = 64  # where a move may start: the first this many messages of the window that save
-
-
-@dataclass(frozen=True)
-class _Round:
-    assistant: int
-    tools: tuple[int, ...]
-
-    @property
-    def end(self) -> int:
-        return self.tools[-1] if self.tools else self.assistant
-
-
-def _rounds(messages: Sequence[Mapping[str, Any]], start: int = 0) -> list[_Round]:
-    """The tool rounds of `messages` from `start` (the first message, or where a round starts) on."""
-    rounds: list[_Round] = []
-    i = start
-    while i < len(messages):
-        if messages[i].get("role") == "assistant" and messages[i].get("tool_calls"):
-            j = i + 1
-            while j < len(messages) and messages[j].get("role") == "tool":
-                j += 1
-            rounds.append(_Round(assistant=i, tools=tuple(range(i + 1, j))))
-            i = j
-        else:
-            i += 1
-    return rounds
-
-
-# The rounds of a conversation and the round of each of their messages, by the node id of its last
-# message (which names every message before it): the next request scans only from the previous one's
-# last round on (which its new messages may extend). Not mutated once stored.
-_ROUNDS = BoundedCache(256)
-
-
-def _rounds_and_numbers(messages: Sequence[Mapping[str, Any]],
-                        node_ids: Sequence[str] | None) -> tuple[list[_Round], dict[int, int]]:
-    """`_rounds(messages)` and message index -> round number (from 1), resumed from an earlier
-    request's that ended within the last few messages."""
-    rounds: list[_Round] = []
-    round_of: dict[int, int] = {}
-    start = 0
-    if node_ids:
-        for position in range(len(messages) - 1, max(-1, len(messages) - 1 - _PREFIX_LOOKBACK), -1):
-            found = _ROUNDS.get(node_ids[position])
-            if found is not None:
-                earlier, earlier_of = found
-                if earlier:  # its last round may go on in the new messages: scanned again
-                    rounds, round_of, start = list(earlier[:-1]), dict(earlier_of), earlier[-1].assistant
-                break
-    for rnd in _rounds(messages, start):
-        rounds.append(rnd)
-        number = len(rounds)
-        for index in (rnd.assistant, *rnd.tools):
-            round_of[index] = number
-    if node_ids:
-        _ROUNDS.put(node_ids[-1], (tuple(rounds), dict(round_of)))
-    return rounds, round_of
 
 
 def _age(seconds: float) -> str:
@@ -179,7 +66,7 @@ def _age(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
-class _Assembly:
+class _Assembly(EpochReplay):
     """The working state of one assembly; `assemble` is the only entry point."""
 
     def __init__(self, policy: Policy, messages: Sequence[Mapping[str, Any]], records: Records,
@@ -193,7 +80,7 @@ class _Assembly:
                             frozenset(records.subagent_results.items()))
         self.messages, self.records = messages, records
         self.now, self.provider, self.encoding, self.participant = now, provider, encoding, participant
-        self.rounds, self.round_of = _rounds_and_numbers(messages, node_ids)
+        self.rounds, self.round_of = rounds_and_numbers(messages, node_ids)
         self.tokens = list(tokens) if tokens is not None else [message_tokens(m, encoding) for m in messages]
         self._memory_cache: dict[tuple[int, str | None], tuple[str, int, str]] = {}
         self._rules: dict[int, ToolRule] = {}
@@ -206,11 +93,11 @@ class _Assembly:
         self._index_duplicates()
         self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
         self._arguments: dict[int, tuple[dict[str, Any], str, int] | None] = {}
-        # what the decision loop of the conversation's latest earlier request decided (see `_unchanged`)
-        self.previous: _Decided | None = None
+        # what the decision loop of the conversation's latest earlier request decided (see `unchanged`)
+        self.previous: decision_reuse.Decided | None = None
         if node_ids and messages:
-            for position in range(len(messages) - 1, max(-1, len(messages) - 1 - _PREFIX_LOOKBACK), -1):
-                self.previous = _DECISIONS.get((node_ids[position], self.context_key))
+            for position in range(len(messages) - 1, max(-1, len(messages) - 1 - PREFIX_LOOKBACK), -1):
+                self.previous = decision_reuse.DECISIONS.get((node_ids[position], self.context_key))
                 if self.previous is not None:
                     self._arguments = dict(self.previous.arguments)
                     break
@@ -310,7 +197,7 @@ class _Assembly:
         output a repeat refers to reads only those views (whom each may be shown to) and the context."""
         if not self.node_ids or not self.messages:
             return None
-        for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - _PREFIX_LOOKBACK), -1):
+        for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - PREFIX_LOOKBACK), -1):
             found = _DUPLICATES.get((self.node_ids[position], self.context_key))
             if found is not None:
                 length, views = found[0], found[1]
@@ -341,7 +228,7 @@ class _Assembly:
         conversation found in its messages (by the node id of its last, which names them all)."""
         start, named = 0, {}
         if self.node_ids:
-            for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - _PREFIX_LOOKBACK), -1):
+            for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - PREFIX_LOOKBACK), -1):
                 found = _NAMED_TERMS.get(self.node_ids[position])
                 if found is not None:
                     start, named = position + 1, dict(found)
@@ -529,302 +416,6 @@ class _Assembly:
             return 0
         return max(0, self.tokens[index] - tokens)
 
-    # -- epochs ---------------------------------------------------------------
-
-    def _requests_before(self, t: int) -> int:
-        """Requests the client made up to round `t`'s assistant message: one per assistant message."""
-        if self._assistants is None:
-            self._assistants = [0]
-            for message in self.messages:
-                self._assistants.append(self._assistants[-1] + (message.get("role") == "assistant"))
-        if t > len(self.rounds):  # the next request: one more
-            return self._assistants[-1] + 1
-        return self._assistants[self.rounds[t - 1].assistant + 1]
-
-    def _pays(self, saving: int, resent: int, t: int) -> bool:
-        """Whether reading `saving` fewer tokens on later turns outweighs re-sending `resent` once, at the
-        request that follows round `t`: later turns are taken to number `horizon` times the requests so
-        far (one per assistant message; a conversation with user turns between rounds has more of them)."""
-        c = self.c
-        later_turns = c.horizon * self._requests_before(t)
-        return saving * c.cache_read_price * later_turns >= resent * (c.cache_write_price - c.cache_read_price)
-
-    def epochs(self) -> _Epochs:
-        """Where the boundary is, since which round, as of which round each compacted round is
-        rendered, and which messages behind it stay verbatim.
-
-        Replays the conversation's history of requests, one per completed round t:
-        the boundary moves past rounds that left the verbatim window when the
-        un-compacted tail is past `trigger_tokens` and the move pays for itself
-        (it saves at least `clear_at_least_tokens`, and what it saves on later
-        turns outweighs what it makes the provider read afresh: see `_best_start`,
-        which also says where in the window the move starts). A compacted
-        round is rendered as of the round count in `as_of`; it is
-        re-rendered with later knowledge (a retry resolving its failure) only
-        when that refresh pays for itself too.
-        Between moves every rendering is unchanged, so each request extends the
-        previous one and the provider's prefix cache keeps hitting.
-        """
-        keep = self.c.keep_recent_rounds
-        prefix = [0]
-        for tokens in self.tokens:
-            prefix.append(prefix[-1] + tokens)
-
-        def span(first: int, last: int) -> int:
-            return prefix[last + 1] - prefix[first] if last >= first else 0
-
-        # A compacted result renders differently later only when a retry resolves its
-        # failure (supersession is applied whatever the epoch), so refreshes are
-        # considered at those rounds alone: linear in the conversation's length.
-        retries: dict[int, list[int]] = {}
-        for failed, retry in self.retried_at.items():
-            retries.setdefault(self.round_of[retry], []).append(failed)
-        changes_at: dict[int, list[int]] = {}  # round -> results whose saving it changes
-        for earlier, later in (*self.superseder.items(), *self.retried_at.items()):
-            changes_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
-        superseded_at: dict[int, list[int]] = {}  # round -> results a result of that round supersedes
-        for earlier, later in self.superseder.items():
-            superseded_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
-
-        def forced_break(t: int, eligible: int, previous_end: int) -> int:
-            """The first message that changes at round `t` whatever the boundary does (superseded now)."""
-            return min((i for i in superseded_at.get(t, ()) if self.round_of.get(i, 0) <= eligible),
-                       default=previous_end + 1)
-
-        def move_saving(i: int, t: int) -> int:
-            """What compacting result `i` saves at round `t`; a superseded one is a notice at any boundary."""
-            return 0 if self.superseded_by(i, t) else self.saving(i, t)
-
-        r = self._resumed_replay()  # the replay as an earlier request of this conversation left it
-        for t in range(r.t + 1, len(self.rounds) + 1):
-            # the previous request ended just before round t's assistant message: the rounds before it
-            # and whatever prose and user turns followed them
-            previous_end = self.rounds[t - 1].assistant - 1
-            # 1. refresh what is compacted already, if newer knowledge saves enough
-            gains = {}
-            for i in retries.get(t, ()):
-                number = self.round_of[i]
-                if number > r.boundary or self.superseded_by(i, t):
-                    continue
-                gain = self.saving(i, t) - self.saving(i, max(r.compacted_at[number], r.refreshed))
-                if gain > 0:
-                    gains[i] = gain
-            if gains:
-                first = min(gains)
-                resent = span(first, previous_end) - sum(
-                    self.saving(i, t) for i in range(first, previous_end + 1)
-                    if i in self.records.artifacts and self.round_of.get(i, 0) <= r.boundary and i not in r.pinned
-                )
-                if self._pays(sum(gains.values()), max(0, resent), t):
-                    r.refreshed = t
-            # 2. move the boundary past the rounds that left the verbatim window
-            eligible = t - keep
-            if eligible <= r.boundary:
-                continue
-            # What a move would save: the rounds between the boundary and `eligible`, their results
-            # and their long call arguments, kept current as rounds join and as later results
-            # supersede or retry them (the only facts that change a saving as t grows).
-            window = r.window
-            for rnd in self.rounds[window.upto:eligible]:
-                for i in rnd.tools:
-                    window.put(i, move_saving(i, t))
-                window.put(rnd.assistant, self.argument_saving(rnd.assistant))
-            window.upto = eligible
-            for i in changes_at.get(t, ()):
-                if i in window.values:
-                    window.put(i, move_saving(i, t))
-            tail = span(self.rounds[r.boundary].assistant, self.rounds[t - 1].end)
-            if tail < self.c.trigger_tokens:
-                continue
-            if window.first() is None:
-                continue
-            start = self._best_start(window, span, forced_break(t, eligible, previous_end), t,
-                                     self.first_move_tokens if r.boundary == 0 else 0)
-            if start is not None:
-                r.pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
-                for number in range(r.boundary + 1, eligible + 1):
-                    r.compacted_at[number] = t
-                r.boundary, r.epoch_round = eligible, t
-                r.window = _Window(upto=eligible)
-        r.t = len(self.rounds)
-        self._remember_replay(r)
-        as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()}
-        upcoming, due = self._upcoming(r.window, r.boundary, span, move_saving) if self.foresee else (None, False)
-        return _Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming, due)
-
-    # -- the replay, resumed across requests ------------------------------------
-
-    def _replay_key(self, t: int) -> tuple[Any, ...] | None:
-        """What the replay's state after round `t` is a function of: the messages up to that round's end
-        (named by the node id of its last message) and everything else the savings read."""
-        if self.node_ids is None or t == 0:
-            return None
-        return (self.node_ids[self.rounds[t - 1].end], self.context_key)
-
-    def _resumed_replay(self) -> _Replay:
-        """The replay's state after the latest round an earlier request of this conversation replayed
-        (looked for at the last few rounds: an agent adds one or two per request), or a fresh one."""
-        for t in range(len(self.rounds), max(0, len(self.rounds) - _RESUME_LOOKBACK), -1):
-            key = self._replay_key(t)
-            found = _REPLAYS.get(key) if key is not None else None
-            if found is not None:
-                return found.copy()
-        return _Replay(t=0, boundary=0, epoch_round=0, compacted_at={}, refreshed=0, window=_Window(upto=0),
-                       pinned=set())
-
-    def _remember_replay(self, replay: _Replay) -> None:
-        key = self._replay_key(replay.t)
-        if key is not None and _REPLAYS.get(key) is None:
-            _REPLAYS.put(key, replay.copy())
-
-    def _upcoming(self, window: _Window, boundary: int, span: Callable[[int, int], int],
-                  move_saving: Callable[[int, int], int]) -> tuple[int | None, bool]:
-        """The first message the next move is expected to change: where it would start if the
-        conversation went on with one more round (as known now), else the first message of the window
-        that would save. Cache markers go just before it (gateway/cache_markers.py), so the move reads
-        what precedes it from the provider's cache. And whether that move is due at the next request:
-        it pays with one more round, and that round is likely enough (`_next_round_likely`) for the
-        markers to leave what the move rewrites uncached."""
-        t = len(self.rounds) + 1
-        eligible = t - self.c.keep_recent_rounds
-        for rnd in self.rounds[window.upto:max(window.upto, eligible)]:
-            for i in rnd.tools:
-                window.put(i, move_saving(i, t - 1))
-            window.put(rnd.assistant, self.argument_saving(rnd.assistant))
-        if window.first() is None:
-            return None, False
-        start = self._best_start(window, span, len(self.messages), t,
-                                 self.first_move_tokens if boundary == 0 else 0)
-        return (start, self._next_round_likely()) if start is not None else (window.first(), False)
-
-    def _next_round_likely(self) -> bool:
-        """Whether the model's answer to this request is likely enough to be another tool call (the round
-        that makes the foreseen move) for the cache markers to leave what the move rewrites uncached.
-
-        Caching a prompt's tail costs `cache_write_price` instead of 1 for those tokens; when the next
-        request moves, the tail is never read, and the write was wasted. When it does not (the model
-        answers in prose, the user speaks), the next request must write the tail at `cache_write_price`
-        where it would have read it at `cache_read_price`. Leaving it uncached pays when the chance p of
-        a round satisfies (write - 1) >= (1 - p) (write - read). p is how often the model answered the
-        same kind of turn (tool results, or anything else) with a call so far in this conversation,
-        counted with one call and one answer without for what has not been seen (Laplace's rule)."""
-        c = self.c
-        if c.cache_write_price <= 1 or c.cache_write_price <= c.cache_read_price:
-            return False
-        after_results = bool(self.messages) and self.messages[-1].get("role") == "tool"
-        calls = answers = 0
-        for index in range(1, len(self.messages)):
-            message = self.messages[index]
-            if message.get("role") != "assistant" or (self.messages[index - 1].get("role") == "tool") != after_results:
-                continue
-            answers += 1
-            calls += bool(message.get("tool_calls"))
-        odds = (calls + 1) / (answers + 2)
-        return (c.cache_write_price - 1) >= (1 - odds) * (c.cache_write_price - c.cache_read_price)
-
-    def _best_start(self, window: _Window, span: Callable[[int, int], int], forced: int, t: int,
-                    added: int = 0) -> int | None:
-        """Where a move at round `t` should start compacting (None: no move pays).
-
-        A move compacts the window's messages from its start on; the provider reads afresh
-        what follows the start, up to `forced` (a message that changes now whatever the boundary
-        does: from there on the move only makes it read less). Starting later leaves the
-        messages before the start verbatim for good, and pays when what they would save is
-        small next to what breaking the prefix there costs (a short call argument early in a
-        long round, say). A move pays when what it saves on later requests, taken to number
-        `horizon` times the requests so far, outweighs what it makes the provider read afresh.
-        `added`: tokens the move adds to the prompt for good (the rehydration tool, declared where the
-        first memory appears: see `assemble`), written once and read on every later request."""
-        c = self.c
-        items = sorted((i, v) for i, v in window.values.items() if v > 0)[:_START_CANDIDATES]
-        so_far = self._requests_before(t)
-        past_forced = sum(v for i, v in window.values.items() if i >= forced)
-        rewrite = c.cache_write_price - c.cache_read_price
-        addition = added * (c.cache_write_price + c.cache_read_price * c.horizon * so_far)
-        best, best_value = None, 0.0
-        after = window.total  # what the move saves when it starts at the candidate
-        for i, v in items:
-            if i >= forced:
-                resent, enough = 0, 1
-            else:
-                resent = max(0, span(i, forced - 1) - (after - past_forced))
-                enough = max(1, c.clear_at_least_tokens)
-            value = after * c.cache_read_price * c.horizon * so_far - resent * rewrite - addition
-            if after >= enough and value >= 0 and (best is None or value > best_value):
-                best, best_value = i, value
-            after -= v
-        return best
-
-
-# What the decision loop of `assemble` decided for a request, by (node id of its last message, context):
-# the conversation's next request takes the same decisions for the messages whose inputs are unchanged
-# (see `_unchanged`) and decides the rest again. One entry per request; small values (decisions,
-# memories' texts); the views are the records' own.
-_DECISIONS = BoundedCache(128)
-
-
-@dataclass(frozen=True)
-class _Decided:
-    length: int
-    last_round: _Round | None
-    last_end: int  # the last message of the last round (-1: none)
-    now: float
-    views: dict[int, Any]  # the records' views, by index
-    latest: frozenset[int]
-    trailing: frozenset[int]
-    superseder: dict[int, int]
-    retried_at: dict[int, int]
-    duplicate: dict[int, tuple[int, bool]]
-    boundary: int
-    epoch_round: int
-    as_of: dict[int, int]
-    pinned: frozenset[int]
-    # index -> (decision, content put in its place or None, omission counted or None, its tokens)
-    results: dict[int, tuple[Decision, Any, str | None, int | None]]
-    # assistant index -> its call arguments compacted (`_Assembly.compacted_arguments`): a function of
-    # its message, the artifact ids its calls' arguments were given (named by its node id) and the context
-    arguments: dict[int, Any]
-
-
-def _unchanged(state: "_Assembly", epochs: _Epochs, latest: set[int], trailing: set[int]) -> tuple[_Decided, set[int]] | None:
-    """The decisions of the latest earlier request of this conversation (ending within the last few
-    messages) and the messages of its length whose decision may differ now (None: none to reuse).
-
-    A tool message's decision reads, besides the context of `_Assembly.context_key` and what its node
-    id names (its message and every one before it): its view (owner, observation time), `now` (only
-    through staleness), whether it is among the latest rounds or the trailing results, what supersedes
-    it, what retries it, its earlier duplicate, whether its round is behind the boundary and as of which
-    round it is rendered, whether it is pinned, and the epoch (only in the reason `epoch:N`). Whatever
-    of these differs from the earlier request's marks it to be decided again."""
-    previous = state.previous
-    if previous is None:
-        return None
-    policy = state.policy
-    if previous.now != state.now and (policy.rule_for(None).stale_after is not None
-                                      or any(r.stale_after is not None for r in policy.tools)):
-        return None
-    if previous.last_round is not None:  # the new messages may have extended its last round
-        number = state.round_of.get(previous.last_round.assistant)
-        if number is None or state.rounds[number - 1] != previous.last_round:
-            return None
-    dirty = set(latest) | trailing | previous.latest | previous.trailing
-    for now_, then in ((state.superseder, previous.superseder), (state.retried_at, previous.retried_at),
-                       (state.duplicate, previous.duplicate)):
-        if now_ != then:
-            dirty.update(k for k in now_.keys() | then.keys() if now_.get(k) != then.get(k))
-    for table in (state.superseder, state.retried_at):  # a later result outside the rounds counted then
-        dirty.update(k for k, v in table.items() if v > previous.last_end)
-    if epochs.boundary != previous.boundary:
-        low, high = sorted((epochs.boundary, previous.boundary))
-        for rnd in state.rounds[low:high]:
-            dirty.update(rnd.tools)
-    if epochs.pinned != previous.pinned:
-        dirty.update(epochs.pinned ^ previous.pinned)
-    if epochs.as_of != previous.as_of:
-        for number in epochs.as_of.keys() | previous.as_of.keys():
-            if epochs.as_of.get(number) != previous.as_of.get(number) and 0 < number <= len(state.rounds):
-                dirty.update(state.rounds[number - 1].tools)
-    return previous, dirty
 
 
 def assemble(
@@ -856,7 +447,7 @@ def assemble(
     decisions: dict[int, Decision] = {}
     sent_tokens: dict[int, int] = {}  # the tokens of a message replaced in `out`, as it is there now
     omissions: Counter[str] = Counter()
-    epochs = state.epochs() if policy.enabled else _Epochs(0, 0, {}, frozenset())
+    epochs = state.epochs() if policy.enabled else Epochs(0, 0, {}, frozenset())
     boundary, epoch_round, as_of = epochs.boundary, epochs.epoch_round, epochs.as_of
     latest = {i for rnd in state.rounds[-policy.compaction.keep_recent_rounds :] for i in (rnd.assistant, *rnd.tools)}
     trailing = set()  # the results the model is answering now: never marked stale
@@ -866,7 +457,7 @@ def assemble(
         trailing.add(index)
 
     results: dict[int, tuple[Decision, Any, str | None, int | None]] = {}
-    reuse = _unchanged(state, epochs, latest, trailing) if policy.enabled else None
+    reuse = decision_reuse.unchanged(state, epochs, latest, trailing) if policy.enabled else None
     previous, dirty = reuse if reuse is not None else (None, set())
     moved_from = f"epoch:{previous.epoch_round}" if previous is not None and previous.epoch_round != epoch_round else None
 
@@ -947,7 +538,7 @@ def assemble(
         _rehydrate_named(state, out, decisions, sent_tokens)
     if policy.enabled and node_ids is not None and messages:
         last_round = state.rounds[-1] if state.rounds else None
-        _DECISIONS.put((node_ids[-1], state.context_key), _Decided(
+        decision_reuse.DECISIONS.put((node_ids[-1], state.context_key), decision_reuse.Decided(
             len(messages), last_round, last_round.end if last_round else -1, now, dict(records.artifacts),
             frozenset(latest), frozenset(trailing), dict(state.superseder), dict(state.retried_at),
             dict(state.duplicate), boundary, epoch_round, dict(as_of), epochs.pinned, results,

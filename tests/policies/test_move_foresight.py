@@ -140,7 +140,7 @@ def test_counts_remembered_per_node_change_nothing(path: Path) -> None:
 @pytest.mark.parametrize("path", sorted(TRACES.glob("*.jsonl")), ids=lambda p: p.stem[:40])
 def test_a_resumed_replay_gives_what_a_full_replay_gives(path: Path) -> None:
     """With node ids the epoch replay resumes where the conversation's previous request left it
-    (policies/assembler.py `_REPLAYS`); every request, and a branch that re-sends an earlier prefix with
+    (policies/epoch_replay.py `_REPLAYS`); every request, and a branch that re-sends an earlier prefix with
     another ending, projects exactly as replaying every round afresh does."""
     messages = load(path)["messages"]
     pol = preset("coding-agent")

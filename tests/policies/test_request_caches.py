@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.format_replay import TRACES, load, turns
-from policies import assembler, path_records
+from policies import assembler, decision_reuse, epoch_replay, path_records, rounds
 from policies.assembler import assemble
 from policies.path_records import path_tokens, records_for_path
 from policies.policy import policy_from_mapping
@@ -21,7 +21,8 @@ from policies.result_facts import BoundedCache
 from policies.transcript import artifact_id_for, message_path
 
 NOW = 1_800_000_000.0
-SHARED = ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_REPLAYS", "_ROUNDS", "_DECISIONS", "_DUPLICATES")
+SHARED = ((assembler, ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_DUPLICATES")),
+          (epoch_replay, ("_REPLAYS",)), (rounds, ("_ROUNDS",)), (decision_reuse, ("DECISIONS",)))
 
 # results another participant produced are shown only as memories; old ones are stale
 _STRICT = policy_from_mapping({
@@ -35,8 +36,9 @@ def fresh(pol: Any, tenant: str, sent: list[dict], monkeypatch: pytest.MonkeyPat
     with monkeypatch.context() as m:
         m.setattr(path_records, "_PREFIXES", BoundedCache(16))
         m.setattr(path_records, "_PATH_TOKENS", BoundedCache(16))
-        for name in SHARED:
-            m.setattr(assembler, name, BoundedCache(16))
+        for module, names in SHARED:
+            for name in names:
+                m.setattr(module, name, BoundedCache(16))
         nodes = message_path(tenant, sent)
         participant, at = kw.pop("participant", None), kw.pop("at", NOW)
         records = records_for_path(nodes, kw.pop("now", NOW), **kw)
@@ -99,14 +101,14 @@ def test_decisions_are_reused_only_where_nothing_they_read_changed(monkeypatch: 
     epoch moves (the reason names the new epoch), results newly superseded or retried, the latest rounds
     and trailing results moving on, and, under a policy that marks results stale, a later `now`."""
     reused = []
-    unchanged = assembler._unchanged
+    unchanged = decision_reuse.unchanged
 
     def counting(*args: Any) -> Any:
         found = unchanged(*args)
         reused.append(found is not None)
         return found
 
-    monkeypatch.setattr(assembler, "_unchanged", counting)
+    monkeypatch.setattr(decision_reuse, "unchanged", counting)
     epochs = set()
     for path in sorted(TRACES.glob("*.jsonl"))[1::2]:
         messages = load(path)["messages"]

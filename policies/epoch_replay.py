@@ -1,0 +1,298 @@
+"""Where the epoch boundary is: the replay of a conversation's requests, one per completed round,
+that moves the boundary when a move pays for itself, resumed across requests (see `EpochReplay.epochs`)."""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from policies.result_facts import BoundedCache
+
+
+@dataclass
+class Window:
+    """The savings of the messages a move would compact, with their sum and the first that saves."""
+
+    upto: int  # rounds before this one are in the window (or behind the boundary)
+    values: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+    _saving: list[int] = field(default_factory=list)  # a heap of indices, some no longer saving
+
+    def put(self, index: int, saving: int) -> None:
+        self.total += saving - self.values.get(index, 0)
+        self.values[index] = saving
+        if saving > 0:
+            heapq.heappush(self._saving, index)
+
+    def first(self) -> int | None:
+        while self._saving and self.values.get(self._saving[0], 0) <= 0:
+            heapq.heappop(self._saving)
+        return self._saving[0] if self._saving else None
+
+
+@dataclass(frozen=True)
+class Epochs:
+    boundary: int  # rounds up to this one are behind the boundary
+    epoch_round: int  # the round count at which the boundary last moved
+    as_of: dict[int, int]  # compacted round -> the round count it is rendered as of
+    pinned: frozenset[int]  # messages behind the boundary that a move left verbatim
+    upcoming: int | None = None  # the first message the next move is expected to change
+    due: bool = False  # the next request is expected to make that move
+
+
+@dataclass
+class Replay:
+    """The epoch replay's state after round `t` (see `_Assembly.epochs`)."""
+
+    t: int
+    boundary: int
+    epoch_round: int
+    compacted_at: dict[int, int]  # round number -> the round count whose move compacted it
+    refreshed: int  # the latest refresh re-rendered every round compacted by then
+    window: Window
+    pinned: set[int]  # messages a move left verbatim for good: compacting them never paid
+
+    def copy(self) -> "Replay":
+        window = Window(upto=self.window.upto, values=dict(self.window.values), total=self.window.total,
+                         _saving=list(self.window._saving))
+        return Replay(self.t, self.boundary, self.epoch_round, dict(self.compacted_at), self.refreshed, window,
+                       set(self.pinned))
+
+
+# Replays by (node id at a round's end, context): a conversation's next request resumes where its
+# previous one left off instead of replaying every round again. Pure: a state is a function of its key.
+# One entry per request, holding a few small ints per round: 512 conversations stay resumable (about
+# 20 MB at worst, for 500-round conversations); a conversation that fell out replays in full once.
+_REPLAYS = BoundedCache(512)
+_RESUME_LOOKBACK = 4
+
+_START_CANDIDATES = 64  # where a move may start: the first this many messages of the window that save
+
+
+class EpochReplay:
+    """The epoch replay of `policies/assembler.py`'s `_Assembly`, which it is mixed into: it reads the
+    assembly's rounds, token counts, savings, supersessions and retries, and the compaction settings."""
+
+    def _requests_before(self, t: int) -> int:
+        """Requests the client made up to round `t`'s assistant message: one per assistant message."""
+        if self._assistants is None:
+            self._assistants = [0]
+            for message in self.messages:
+                self._assistants.append(self._assistants[-1] + (message.get("role") == "assistant"))
+        if t > len(self.rounds):  # the next request: one more
+            return self._assistants[-1] + 1
+        return self._assistants[self.rounds[t - 1].assistant + 1]
+
+    def _pays(self, saving: int, resent: int, t: int) -> bool:
+        """Whether reading `saving` fewer tokens on later turns outweighs re-sending `resent` once, at the
+        request that follows round `t`: later turns are taken to number `horizon` times the requests so
+        far (one per assistant message; a conversation with user turns between rounds has more of them)."""
+        c = self.c
+        later_turns = c.horizon * self._requests_before(t)
+        return saving * c.cache_read_price * later_turns >= resent * (c.cache_write_price - c.cache_read_price)
+
+    def epochs(self) -> Epochs:
+        """Where the boundary is, since which round, as of which round each compacted round is
+        rendered, and which messages behind it stay verbatim.
+
+        Replays the conversation's history of requests, one per completed round t:
+        the boundary moves past rounds that left the verbatim window when the
+        un-compacted tail is past `trigger_tokens` and the move pays for itself
+        (it saves at least `clear_at_least_tokens`, and what it saves on later
+        turns outweighs what it makes the provider read afresh: see `_best_start`,
+        which also says where in the window the move starts). A compacted
+        round is rendered as of the round count in `as_of`; it is
+        re-rendered with later knowledge (a retry resolving its failure) only
+        when that refresh pays for itself too.
+        Between moves every rendering is unchanged, so each request extends the
+        previous one and the provider's prefix cache keeps hitting.
+        """
+        keep = self.c.keep_recent_rounds
+        prefix = [0]
+        for tokens in self.tokens:
+            prefix.append(prefix[-1] + tokens)
+
+        def span(first: int, last: int) -> int:
+            return prefix[last + 1] - prefix[first] if last >= first else 0
+
+        # A compacted result renders differently later only when a retry resolves its
+        # failure (supersession is applied whatever the epoch), so refreshes are
+        # considered at those rounds alone: linear in the conversation's length.
+        retries: dict[int, list[int]] = {}
+        for failed, retry in self.retried_at.items():
+            retries.setdefault(self.round_of[retry], []).append(failed)
+        changes_at: dict[int, list[int]] = {}  # round -> results whose saving it changes
+        for earlier, later in (*self.superseder.items(), *self.retried_at.items()):
+            changes_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
+        superseded_at: dict[int, list[int]] = {}  # round -> results a result of that round supersedes
+        for earlier, later in self.superseder.items():
+            superseded_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
+
+        def forced_break(t: int, eligible: int, previous_end: int) -> int:
+            """The first message that changes at round `t` whatever the boundary does (superseded now)."""
+            return min((i for i in superseded_at.get(t, ()) if self.round_of.get(i, 0) <= eligible),
+                       default=previous_end + 1)
+
+        def move_saving(i: int, t: int) -> int:
+            """What compacting result `i` saves at round `t`; a superseded one is a notice at any boundary."""
+            return 0 if self.superseded_by(i, t) else self.saving(i, t)
+
+        r = self._resumed_replay()  # the replay as an earlier request of this conversation left it
+        for t in range(r.t + 1, len(self.rounds) + 1):
+            # the previous request ended just before round t's assistant message: the rounds before it
+            # and whatever prose and user turns followed them
+            previous_end = self.rounds[t - 1].assistant - 1
+            # 1. refresh what is compacted already, if newer knowledge saves enough
+            gains = {}
+            for i in retries.get(t, ()):
+                number = self.round_of[i]
+                if number > r.boundary or self.superseded_by(i, t):
+                    continue
+                gain = self.saving(i, t) - self.saving(i, max(r.compacted_at[number], r.refreshed))
+                if gain > 0:
+                    gains[i] = gain
+            if gains:
+                first = min(gains)
+                resent = span(first, previous_end) - sum(
+                    self.saving(i, t) for i in range(first, previous_end + 1)
+                    if i in self.records.artifacts and self.round_of.get(i, 0) <= r.boundary and i not in r.pinned
+                )
+                if self._pays(sum(gains.values()), max(0, resent), t):
+                    r.refreshed = t
+            # 2. move the boundary past the rounds that left the verbatim window
+            eligible = t - keep
+            if eligible <= r.boundary:
+                continue
+            # What a move would save: the rounds between the boundary and `eligible`, their results
+            # and their long call arguments, kept current as rounds join and as later results
+            # supersede or retry them (the only facts that change a saving as t grows).
+            window = r.window
+            for rnd in self.rounds[window.upto:eligible]:
+                for i in rnd.tools:
+                    window.put(i, move_saving(i, t))
+                window.put(rnd.assistant, self.argument_saving(rnd.assistant))
+            window.upto = eligible
+            for i in changes_at.get(t, ()):
+                if i in window.values:
+                    window.put(i, move_saving(i, t))
+            tail = span(self.rounds[r.boundary].assistant, self.rounds[t - 1].end)
+            if tail < self.c.trigger_tokens:
+                continue
+            if window.first() is None:
+                continue
+            start = self._best_start(window, span, forced_break(t, eligible, previous_end), t,
+                                     self.first_move_tokens if r.boundary == 0 else 0)
+            if start is not None:
+                r.pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
+                for number in range(r.boundary + 1, eligible + 1):
+                    r.compacted_at[number] = t
+                r.boundary, r.epoch_round = eligible, t
+                r.window = Window(upto=eligible)
+        r.t = len(self.rounds)
+        self._remember_replay(r)
+        as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()}
+        upcoming, due = self._upcoming(r.window, r.boundary, span, move_saving) if self.foresee else (None, False)
+        return Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming, due)
+
+    # -- the replay, resumed across requests ------------------------------------
+
+    def _replay_key(self, t: int) -> tuple[Any, ...] | None:
+        """What the replay's state after round `t` is a function of: the messages up to that round's end
+        (named by the node id of its last message) and everything else the savings read."""
+        if self.node_ids is None or t == 0:
+            return None
+        return (self.node_ids[self.rounds[t - 1].end], self.context_key)
+
+    def _resumed_replay(self) -> Replay:
+        """The replay's state after the latest round an earlier request of this conversation replayed
+        (looked for at the last few rounds: an agent adds one or two per request), or a fresh one."""
+        for t in range(len(self.rounds), max(0, len(self.rounds) - _RESUME_LOOKBACK), -1):
+            key = self._replay_key(t)
+            found = _REPLAYS.get(key) if key is not None else None
+            if found is not None:
+                return found.copy()
+        return Replay(t=0, boundary=0, epoch_round=0, compacted_at={}, refreshed=0, window=Window(upto=0),
+                       pinned=set())
+
+    def _remember_replay(self, replay: Replay) -> None:
+        key = self._replay_key(replay.t)
+        if key is not None and _REPLAYS.get(key) is None:
+            _REPLAYS.put(key, replay.copy())
+
+    def _upcoming(self, window: Window, boundary: int, span: Callable[[int, int], int],
+                  move_saving: Callable[[int, int], int]) -> tuple[int | None, bool]:
+        """The first message the next move is expected to change: where it would start if the
+        conversation went on with one more round (as known now), else the first message of the window
+        that would save. Cache markers go just before it (gateway/cache_markers.py), so the move reads
+        what precedes it from the provider's cache. And whether that move is due at the next request:
+        it pays with one more round, and that round is likely enough (`_next_round_likely`) for the
+        markers to leave what the move rewrites uncached."""
+        t = len(self.rounds) + 1
+        eligible = t - self.c.keep_recent_rounds
+        for rnd in self.rounds[window.upto:max(window.upto, eligible)]:
+            for i in rnd.tools:
+                window.put(i, move_saving(i, t - 1))
+            window.put(rnd.assistant, self.argument_saving(rnd.assistant))
+        if window.first() is None:
+            return None, False
+        start = self._best_start(window, span, len(self.messages), t,
+                                 self.first_move_tokens if boundary == 0 else 0)
+        return (start, self._next_round_likely()) if start is not None else (window.first(), False)
+
+    def _next_round_likely(self) -> bool:
+        """Whether the model's answer to this request is likely enough to be another tool call (the round
+        that makes the foreseen move) for the cache markers to leave what the move rewrites uncached.
+
+        Caching a prompt's tail costs `cache_write_price` instead of 1 for those tokens; when the next
+        request moves, the tail is never read, and the write was wasted. When it does not (the model
+        answers in prose, the user speaks), the next request must write the tail at `cache_write_price`
+        where it would have read it at `cache_read_price`. Leaving it uncached pays when the chance p of
+        a round satisfies (write - 1) >= (1 - p) (write - read). p is how often the model answered the
+        same kind of turn (tool results, or anything else) with a call so far in this conversation,
+        counted with one call and one answer without for what has not been seen (Laplace's rule)."""
+        c = self.c
+        if c.cache_write_price <= 1 or c.cache_write_price <= c.cache_read_price:
+            return False
+        after_results = bool(self.messages) and self.messages[-1].get("role") == "tool"
+        calls = answers = 0
+        for index in range(1, len(self.messages)):
+            message = self.messages[index]
+            if message.get("role") != "assistant" or (self.messages[index - 1].get("role") == "tool") != after_results:
+                continue
+            answers += 1
+            calls += bool(message.get("tool_calls"))
+        odds = (calls + 1) / (answers + 2)
+        return (c.cache_write_price - 1) >= (1 - odds) * (c.cache_write_price - c.cache_read_price)
+
+    def _best_start(self, window: Window, span: Callable[[int, int], int], forced: int, t: int,
+                    added: int = 0) -> int | None:
+        """Where a move at round `t` should start compacting (None: no move pays).
+
+        A move compacts the window's messages from its start on; the provider reads afresh
+        what follows the start, up to `forced` (a message that changes now whatever the boundary
+        does: from there on the move only makes it read less). Starting later leaves the
+        messages before the start verbatim for good, and pays when what they would save is
+        small next to what breaking the prefix there costs (a short call argument early in a
+        long round, say). A move pays when what it saves on later requests, taken to number
+        `horizon` times the requests so far, outweighs what it makes the provider read afresh.
+        `added`: tokens the move adds to the prompt for good (the rehydration tool, declared where the
+        first memory appears: see `assemble`), written once and read on every later request."""
+        c = self.c
+        items = sorted((i, v) for i, v in window.values.items() if v > 0)[:_START_CANDIDATES]
+        so_far = self._requests_before(t)
+        past_forced = sum(v for i, v in window.values.items() if i >= forced)
+        rewrite = c.cache_write_price - c.cache_read_price
+        addition = added * (c.cache_write_price + c.cache_read_price * c.horizon * so_far)
+        best, best_value = None, 0.0
+        after = window.total  # what the move saves when it starts at the candidate
+        for i, v in items:
+            if i >= forced:
+                resent, enough = 0, 1
+            else:
+                resent = max(0, span(i, forced - 1) - (after - past_forced))
+                enough = max(1, c.clear_at_least_tokens)
+            value = after * c.cache_read_price * c.horizon * so_far - resent * rewrite - addition
+            if after >= enough and value >= 0 and (best is None or value > best_value):
+                best, best_value = i, value
+            after -= v
+        return best
