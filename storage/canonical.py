@@ -92,6 +92,14 @@ def _orjson_may_differ(text: bytes) -> bool:
     return False
 
 
+def trim_oldest(items: dict[Any, Any], limit: int) -> None:
+    """Past `limit` entries, the oldest quarter of `items` (in insertion order) goes: a bounded memo
+    read without a lock on the hot path, trimmed under its writer's lock."""
+    if len(items) > limit:
+        for old in list(itertools.islice(items, len(items) // 4)):
+            del items[old]
+
+
 def exact_digest(message: Any) -> bytes | None:
     """A digest of `message`'s exact JSON text (orjson writes `1`, `1.0` and `true` apart), or None
     where orjson cannot write it (lone surrogates, integers past 64 bits)."""
@@ -130,9 +138,7 @@ class NodeIds:
             found = node_id(tenant, parent, message, fast_canonical_json)
             with self._adding:
                 self._ids[key] = found
-                if len(self._ids) > self.limit:
-                    for old in list(itertools.islice(self._ids, len(self._ids) // 4)):
-                        del self._ids[old]
+                trim_oldest(self._ids, self.limit)
         return found
 
     def __len__(self) -> int:

@@ -150,10 +150,17 @@ class Capture(StoreBase):
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
         if not path:
             raise ValueError("a request has at least one message")
+        written = self._write_capture(path, run)
+        # What the assembly reads about the path is read after the commit, off the write lock (SQLite has
+        # one writer: what is done under it is what bounds throughput); it sees this capture and any
+        # committed since, as if the request had come a moment later.
+        with self.engine.connect() as connection:
+            return self._read_after_capture(connection, path, run, written)
+
+    def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> _Written:
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                written = self._in_transaction(lambda connection: self._ingest(connection, path, run))
-                break
+                return self._in_transaction(lambda connection: self._ingest(connection, path, run))
             except DataError as exc:
                 raise UnstorableValue(str(getattr(exc, "orig", exc)).splitlines()[0]) from exc
             except IntegrityError:
@@ -161,15 +168,9 @@ class Capture(StoreBase):
                 # capture again, and the missing nodes are stored anew.
                 if attempt == INGEST_ATTEMPTS:
                     raise
-        else:
-            raise AssertionError("unreachable")
-        # What the assembly reads about the path is read after the commit, off the write lock (SQLite has
-        # one writer: what is done under it is what bounds throughput); it sees this capture and any
-        # committed since, as if the request had come a moment later.
-        with self.engine.connect() as connection:
-            return self._read_after_capture(connection, path, run, written)
+        raise AssertionError("unreachable")
 
-    def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> IngestResult:
+    def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> _Written:
         tenant = run.tenant
         session_id = path[0].id
         conversation = conversation_id_for(tenant, run.session_label, path)
@@ -222,8 +223,10 @@ class Capture(StoreBase):
         # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
         # retry) continues the one it repeats.
         leaves = [n.id for n in path]
-        previous = (connection.execute(_PREVIOUS_RUN_SQLITE, {"leaves": json.dumps(leaves)}) if
-                    connection.dialect.name == "sqlite" else connection.execute(_PREVIOUS_RUN, {"leaves": leaves})).first()
+        if connection.dialect.name == "sqlite":
+            previous = connection.execute(_PREVIOUS_RUN_SQLITE, {"leaves": json.dumps(leaves)}).first()
+        else:
+            previous = connection.execute(_PREVIOUS_RUN, {"leaves": leaves}).first()
         return IngestResult(
             session_id=written.session_id,
             conversation_id=conversation,

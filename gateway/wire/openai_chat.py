@@ -138,12 +138,10 @@ def parse_chat_body(body: dict[str, Any]) -> NeutralRequest:
     validated = body
     if isinstance(messages, list) and len(messages) >= MIN_MESSAGES:
         digests = message_digests(messages)
-        unseen = _SEEN.unseen(digests)
+        unseen = _SEEN.unseen(digests) or [len(messages) - 1]  # the body's schema wants one message
         if len(unseen) < len(messages):
             indices = unseen
-            validated = {**body, "messages": [messages[i] for i in unseen] or messages[-1:]}
-            if not unseen:
-                indices = [len(messages) - 1]
+            validated = {**body, "messages": [messages[i] for i in unseen]}
     try:
         checked = _ChatBody.model_validate(validated)
     except ValidationError as exc:

@@ -11,13 +11,12 @@ What is remembered is only that a text passed: nothing of any tenant's content i
 from __future__ import annotations
 
 import hashlib
-import itertools
 import threading
 from typing import Any, Sequence
 
 import orjson
 
-from storage.canonical import exact_digest
+from storage.canonical import exact_digest, trim_oldest
 
 MIN_MESSAGES = 16  # shorter transcripts are checked whole: the digests would cost what they save
 
@@ -50,9 +49,7 @@ class SeenMessages:
                 digest = digests[index]
                 if digest is not None:
                     self._passed[digest] = None
-            if len(self._passed) > self.limit:
-                for old in list(itertools.islice(self._passed, len(self._passed) // 4)):
-                    del self._passed[old]
+            trim_oldest(self._passed, self.limit)
 
     def __len__(self) -> int:
         return len(self._passed)
