@@ -548,10 +548,10 @@ def assemble(
         projection_messages = fit_budget(state, out, decisions, omissions, latest)
     if records.sibling_artifacts:
         omissions["sibling_branch"] += records.sibling_artifacts
+    verbatim, tokens_of = Decision.verbatim, state.tokens
     for index, message in enumerate(messages):
         if index not in decisions:
-            decisions[index] = Decision(index, str(message.get("role")), "verbatim", "kept", None,
-                                        state.tokens[index], state.tokens[index])
+            decisions[index] = verbatim(index, str(message.get("role")), tokens_of[index])
     if projection_messages is out:  # nothing omitted: a message forwarded as it came counts as it came
         if policy.budget.max_prompt_tokens is not None:
             sent_tokens.clear()  # fit_budget may have replaced messages again

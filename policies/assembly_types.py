@@ -55,6 +55,16 @@ class Decision:
             out["kept"] = self.kept
         return out
 
+    @classmethod
+    def verbatim(cls, index: int, role: str, tokens: int) -> "Decision":
+        """`Decision(index, role, "verbatim", "kept", None, tokens, tokens)`, made in half the time: every
+        request decides this for most of its messages, and a frozen dataclass's `__init__` sets each
+        field through `object.__setattr__`. Filling the instance's dict directly is what that amounts to."""
+        decision = object.__new__(cls)
+        decision.__dict__.update(index=index, role=role, action="verbatim", reason="kept", artifact_id=None,
+                                 tokens_before=tokens, tokens_after=tokens, kept="")
+        return decision
+
 
 @dataclass(frozen=True)
 class Projection:

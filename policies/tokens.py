@@ -35,7 +35,7 @@ _LONG_COUNTS_LOCK = threading.Lock()
 
 def _count_long(text: str, name: str) -> int:
     """Long texts (tool outputs re-sent every turn) are cached by digest: numbers, not texts."""
-    key = (hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(), name)
+    key = (hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), name)
     with _LONG_COUNTS_LOCK:
         if key in _LONG_COUNTS:
             _LONG_COUNTS.move_to_end(key)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 # Fields that carry meaning for the model. Anything else a client adds
 # (`refusal`, `annotations`, SDK-specific extras) does not change identity,
@@ -62,9 +61,9 @@ def node_id(tenant: str, parent_id: str | None, message: Mapping[str, Any],
     return digest.hexdigest()
 
 
-@dataclass(frozen=True)
-class PathNode:
-    """One message of a request, placed in the tenant's message tree."""
+class PathNode(NamedTuple):
+    """One message of a request, placed in the tenant's message tree. (A named tuple: a 1,000-message
+    request places 1,000 of them, and a frozen dataclass costs half as much again to make.)"""
 
     id: str
     parent_id: str | None

@@ -102,9 +102,10 @@ def trim_oldest(items: dict[Any, Any], limit: int) -> None:
 
 def exact_digest(message: Any) -> bytes | None:
     """A digest of `message`'s exact JSON text (orjson writes `1`, `1.0` and `true` apart), or None
-    where orjson cannot write it (lone surrogates, integers past 64 bits)."""
+    where orjson cannot write it (lone surrogates, integers past 64 bits). SHA-256 cut to 16 bytes: with
+    the CPU's SHA instructions it is about twice as fast as BLAKE2b here, and nothing stores it."""
     try:
-        return hashlib.blake2b(orjson.dumps(message), digest_size=16).digest()
+        return hashlib.sha256(orjson.dumps(message)).digest()[:16]
     except TypeError:
         return None
 

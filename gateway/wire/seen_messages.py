@@ -24,7 +24,7 @@ MIN_MESSAGES = 16  # shorter transcripts are checked whole: the digests would co
 def message_digests(messages: Sequence[Any]) -> list[bytes | None]:
     """Each message's `exact_digest` (the node-id cache's key), in one pass."""
     try:
-        return [hashlib.blake2b(orjson.dumps(message), digest_size=16).digest() for message in messages]
+        return [hashlib.sha256(orjson.dumps(message)).digest()[:16] for message in messages]
     except TypeError:  # a message orjson cannot write: each on its own
         return [exact_digest(message) for message in messages]
 

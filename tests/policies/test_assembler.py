@@ -8,7 +8,9 @@ import pytest
 
 from gateway.replay import protocol_problems
 from policies.assembler import assemble
-from policies.assembly_types import ContextBudgetExceeded
+import dataclasses
+
+from policies.assembly_types import ContextBudgetExceeded, Decision
 from policies.path_records import records_for_path
 from policies.policy import Policy, policy_from_mapping
 from policies.transcript import message_path
@@ -403,3 +405,11 @@ def test_a_move_skips_a_small_saving_that_would_make_it_resend_a_protected_resul
     assert projection.decisions[5].action == "compacted" and projection.boundary_round == 2
     later, _ = project(messages + tool_round("d", "bash", "ok", command="true"), pol)
     assert later.messages[: len(projection.messages)] == projection.messages
+
+
+def test_a_verbatim_decision_made_fast_is_the_decision_made_plainly() -> None:
+    fast, plain = Decision.verbatim(3, "tool", 120), Decision(3, "tool", "verbatim", "kept", None, 120, 120)
+    assert fast == plain and repr(fast) == repr(plain) and fast.as_dict() == plain.as_dict()
+    assert dataclasses.astuple(fast) == dataclasses.astuple(plain)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.action = "compacted"  # type: ignore[misc]
