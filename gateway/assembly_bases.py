@@ -18,11 +18,13 @@ from typing import Any, Mapping
 
 from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord
 
-_Entry = tuple[Mapping[int, dict[str, Any]], int]  # notable decisions, depth of the chain behind them
+# notable decisions, depth of the chain behind them, replacements with their digests
+_Entry = tuple[Mapping[int, dict[str, Any]], int, Mapping[int, tuple[Mapping[str, Any], str]]]
 
 
 class RecentAssemblies:
-    """A bounded map: request id -> the decisions it stored (as the reader restores them)."""
+    """A bounded map: request id -> the decisions it stored (as the reader restores them), and its
+    replacements with their digests."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
@@ -31,12 +33,17 @@ class RecentAssemblies:
 
     def based(self, record: AssemblyRecord, previous_request_id: str | None) -> AssemblyRecord:
         """`record` naming the previous request on its path as its base, when that request is held
-        here and its chain is short enough; else as it is (stored whole)."""
+        here and its chain is short enough; else as it is (stored whole). Either way it is handed the
+        digests of that request's replacements, when held (`AssemblyRecord.earlier_forwarded`)."""
         with self._lock:
             found = self._items.get(previous_request_id) if previous_request_id else None
-        if found is None or found[1] + 1 >= MAX_BASE_DEPTH:
+        if found is None:
             return record
-        return replace(record, base_request_id=previous_request_id, base_decisions=found[0])
+        notable, depth, forwarded = found
+        if depth + 1 >= MAX_BASE_DEPTH:
+            return replace(record, earlier_forwarded=forwarded)
+        return replace(record, base_request_id=previous_request_id, base_decisions=notable,
+                       earlier_forwarded=forwarded)
 
     def remember(self, request_id: str, record: AssemblyRecord) -> None:
         """After `record` is stored: what a request based on it may leave out."""
@@ -45,7 +52,7 @@ class RecentAssemblies:
             with self._lock:
                 base = self._items.get(record.base_request_id)
             depth = base[1] + 1 if base else MAX_BASE_DEPTH
-        entry = (record.notable, depth)
+        entry = (record.notable, depth, record.forwarded)
         with self._lock:
             self._items[request_id] = entry
             self._items.move_to_end(request_id)

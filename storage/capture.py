@@ -98,20 +98,32 @@ _PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
     .where(_RUNS.c.leaf_node_id.in_(bindparam("leaves", expanding=True)), _RUNS.c.tokens_original.is_not(None))
     .order_by(_RUNS.c.started_at.desc()).limit(1)
 )
-# The same two reads on SQLite, handed the ids as one JSON array (`json_each`): an `IN` list of a
+# The same three reads on SQLite, handed the ids as one JSON array (`json_each`): an `IN` list of a
 # thousand parameters costs SQLAlchemy a statement rendered anew, and its DateTime reads a regex per row.
 _ARTIFACT_FACTS_SQLITE = text(
     "SELECT id, observed_at, owner_participant FROM tool_artifacts WHERE id IN (SELECT value FROM json_each(:ids))")
+_KNOWN_NODES_SQLITE = text(
+    "SELECT message_nodes.id, conversation_nodes.node_id FROM message_nodes LEFT OUTER JOIN conversation_nodes"
+    " ON conversation_nodes.node_id = message_nodes.id AND conversation_nodes.conversation_id = :conversation"
+    " WHERE message_nodes.id IN (SELECT value FROM json_each(:ids))")
 _PREVIOUS_RUN_SQLITE = text(
     "SELECT tokens_original, leaf_node_id, id, conversation_id FROM model_runs"
     " WHERE leaf_node_id IN (SELECT value FROM json_each(:leaves)) AND tokens_original IS NOT NULL"
     " ORDER BY started_at DESC LIMIT 1")
 
 
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+
+
 def _sqlite_moment(value: str | datetime) -> float:
-    """Unix seconds of a DateTime as SQLite holds it (SQLAlchemy's text of a naive UTC datetime)."""
+    """Unix seconds of a DateTime as SQLite holds it (SQLAlchemy's text of a naive UTC datetime).
+
+    Exactly `as_utc(moment).timestamp()` (both divide whole microseconds by a million), without making
+    an aware datetime for every artifact of the path."""
     moment = value if isinstance(value, datetime) else datetime.fromisoformat(value)
-    return as_utc(moment).timestamp()
+    if moment.tzinfo is None:
+        return (moment - _NAIVE_EPOCH).total_seconds()
+    return moment.timestamp()
 
 
 _INSERT_RUN = insert(_RUNS)
@@ -143,6 +155,14 @@ class _Written(NamedTuple):
     conversation: str
     new_node_ids: tuple[str, ...]
     new_artifact_ids: tuple[str, ...]
+
+
+def _open_calls(assistant: PathNode | None) -> _OpenCalls:
+    """The calls of an assistant message (none without one), which the results after it answer."""
+    if assistant is None:
+        return {}
+    author = assistant.message.get("name")
+    return {str(c.get("id")): (assistant.id, c, author) for c in assistant.message.get("tool_calls") or []}
 
 
 class Capture(StoreBase):
@@ -184,15 +204,16 @@ class Capture(StoreBase):
         existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
         new: list[PathNode] = []
         node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
+        asked: PathNode | None = None  # the latest assistant message so far, whose calls are open
         open_calls: _OpenCalls = {}
+        calls_of: PathNode | None = None  # whose calls `open_calls` holds (worked out for new nodes only)
         for node in path:
             if node.message.get("role") == "assistant":
-                author = node.message.get("name")
-                open_calls = {
-                    str(c.get("id")): (node.id, c, author) for c in node.message.get("tool_calls") or []
-                }
+                asked = node
             if node.id in existing:
                 continue
+            if asked is not calls_of:
+                open_calls, calls_of = _open_calls(asked), asked
             new.append(node)
             row, artifact, raw = self._node_rows(tenant, session_id, node, open_calls, run, now)
             node_rows.append(row)
@@ -297,8 +318,12 @@ class Capture(StoreBase):
         """(the nodes of `ids` that exist, those of them this conversation already uses), looked up."""
         existing: set[str] = set()
         members: set[str] = set()
-        for start in range(0, len(ids), _CHUNK):
-            rows = connection.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
+        if connection.dialect.name == "sqlite":  # one JSON parameter: no statement built per id count
+            chunks = [connection.execute(_KNOWN_NODES_SQLITE, {"conversation": conversation, "ids": json.dumps(ids)})]
+        else:
+            chunks = [connection.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
+                      for start in range(0, len(ids), _CHUNK)]
+        for rows in chunks:
             for node, member in rows:
                 existing.add(node)
                 if member is not None:

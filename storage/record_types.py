@@ -109,6 +109,14 @@ class AssemblyRecord:
     # and those decisions as the gateway still holds them: only what differs is stored.
     base_request_id: str | None = None
     base_decisions: Mapping[int, dict[str, Any]] | None = None
+    # The previous request's replacements on this path with their digests, by message index, as the
+    # gateway still holds them (`forwarded`): a message forwarded again in its place is not hashed again.
+    earlier_forwarded: Mapping[int, tuple[Mapping[str, Any], str]] | None = None
+
+    @cached_property
+    def forwarded(self) -> dict[int, tuple[Mapping[str, Any], str]]:
+        """Each replacement with its digest (`message_digest`), by message index (worked out once per record)."""
+        return _forwarded(self)
 
     @cached_property
     def notable(self) -> dict[int, dict[str, Any]]:
@@ -294,17 +302,32 @@ def message_digest(message: dict[str, Any]) -> tuple[str, bytes]:
 MAX_BASE_DEPTH = 32  # a request stores its decisions whole at least every this many requests of a path
 
 
+def _forwarded(record: AssemblyRecord) -> dict[int, tuple[Mapping[str, Any], str]]:
+    """The record's replacements with their digests: the earlier request's digest where it forwarded an
+    equal message in the same place (memories are the same from request to request: the assembler
+    hands back the same strings, so the comparison is mostly by identity), else `message_digest`."""
+    earlier = record.earlier_forwarded or {}
+    out = {}
+    for index, message in (record.replaced or {}).items():
+        known = earlier.get(index)
+        if known is not None and (known[0] is message or known[0] == message):
+            out[index] = known
+        else:
+            out[index] = message, message_digest(message)[0]
+    return out
+
+
 def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     """Every decision but `verbatim` (a reader restores those) by message index, each that replaced
     its message naming the replacement's digest."""
-    replaced = record.replaced or {}
+    forwarded = record.forwarded
     out = {}
     for decision in record.decisions:
         index = decision.get("index")
         if index is None or decision.get("action") == "verbatim":
             continue
-        if index in replaced:
-            decision = {**decision, "forwarded": message_digest(replaced[index])[0]}
+        if index in forwarded:
+            decision = {**decision, "forwarded": forwarded[index][1]}
         out[index] = decision
     return out
 

@@ -1,0 +1,130 @@
+"""The store's share of a model request, in process: capture, read-after-capture and finish_run.
+
+Replays a synthetic coding-agent transcript (bench/proxy_compare.py's `synthetic_session`) as
+bench/proxy_compare.py sends it: requests alternate between the transcript as it is and the
+transcript plus one tool round never seen before. Each request goes through the gateway's own code,
+on one thread: the wire format's parse, `gateway.pipeline._capture_and_project` (path, capture,
+projection, assembly record), the base of the assembly record (`RecentAssemblies.based`),
+`finish_run` and `RecentAssemblies.remember`, as the run recorder does after the answer. Prints the
+median milliseconds per request of the capture's write (`_write_capture`), its read
+(`_read_after_capture`) and `finish_run`, per transcript. A fresh SQLite file in a temporary folder,
+or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME`).
+
+.venv/bin/python bench/capture_path.py [--messages 100 1000] [--requests 200] [--policy coding-agent]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from gateway.encodings import use_bundled_encodings  # noqa: E402
+
+use_bundled_encodings()  # tiktoken's files from LiteLLM's folder, offline
+
+from gateway.assembly_bases import RecentAssemblies  # noqa: E402
+from gateway.config import ModelSettings  # noqa: E402
+from gateway.pipeline import _capture_and_project  # noqa: E402
+from gateway.run_recorder import RunRecorder  # noqa: E402
+from gateway.tracing import OFF  # noqa: E402
+from gateway.wire.openai_chat import OpenAIChat  # noqa: E402
+from policies.presets import preset  # noqa: E402
+from proxy_compare import TOOLS, Transcript, synthetic_session  # noqa: E402
+from storage.blobs import DirectoryBlobStore  # noqa: E402
+from storage.canonical import NodeIds  # noqa: E402
+from storage.database import make_engine  # noqa: E402
+from storage.record_types import RunOutcome, RunStart  # noqa: E402
+from storage.records import RecordStore  # noqa: E402
+
+MODEL = ModelSettings(name="fake", litellm_params={"model": "openai/fake", "api_base": "http://127.0.0.1:9"})
+ANSWER = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "fake",
+          "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Done."}}],
+          "usage": {"prompt_tokens": 1000, "completion_tokens": 3, "total_tokens": 1003}}
+
+
+class _Metrics:
+    def observe_run(self, *args: Any) -> None:
+        pass
+
+
+def timed(into: list[tuple[float, float]], work: Callable[..., Any]) -> Callable[..., Any]:
+    """`work`, its (wall, CPU) milliseconds appended to `into` on every call."""
+    @functools.wraps(work)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return work(*args, **kwargs)
+        finally:
+            into.append(((time.perf_counter() - started) * 1000, (time.thread_time() - cpu) * 1000))
+    return wrapper
+
+
+def replay(store: RecordStore, transcript: Transcript, requests: int, policy_name: str,
+           tenant: str) -> dict[str, list[tuple[float, float]]]:
+    times: dict[str, list[tuple[float, float]]] = {"write": [], "read": [], "finish": []}
+    store._write_capture = timed(times["write"], store._write_capture)  # type: ignore[method-assign]
+    store._read_after_capture = timed(times["read"], store._read_after_capture)  # type: ignore[method-assign]
+    services = SimpleNamespace(node_ids=NodeIds(), tracing=OFF, clock=time.time)
+    recent = RecentAssemblies()
+    policy = preset(policy_name)
+    wire = OpenAIChat()
+    for number in range(requests):
+        neutral = wire.parse(transcript.body(number // 2 if number % 2 else None))
+        run = RunStart(request_id=f"req_{uuid.uuid4().hex}", tenant=tenant, participant="bench", model="fake",
+                       upstream_model="openai/fake", stream=False, redact=policy.redaction.on_capture)
+        recorder = RunRecorder(store, _Metrics(), run, {}, recent)  # type: ignore[arg-type]
+        ingest, projection, _, record = _capture_and_project(
+            services, recorder, policy, MODEL, tenant, neutral)  # type: ignore[arg-type]
+        assembly = recent.based(record, ingest.previous_request_id)
+        outcome = RunOutcome(status="ok", latency_ms=1.0, http_status=200, prompt_tokens=1000, completion_tokens=3,
+                             total_tokens=1003, tokens_original=projection.tokens_original,
+                             tokens_forwarded=projection.tokens_forwarded, finish_reason="stop", response=ANSWER)
+        timed(times["finish"], store.finish_run)(run.request_id, outcome, assembly)
+        recent.remember(run.request_id, assembly)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20, help="requests left out of the medians")
+    parser.add_argument("--policy", default="coding-agent")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--url")
+    args = parser.parse_args()
+    print(f"command: {' '.join(sys.argv)}")
+    print(f"backend: {'postgresql' if args.url else 'sqlite'}; policy {args.policy}; "
+          f"{args.requests} requests per transcript, the first {args.warmup} left out")
+    print("median ms per request, wall (CPU of the calling thread: the SQLite commit's fsync is wall only)")
+    print(f"{'transcript':>15} {'write':>15} {'read':>15} {'finish':>15} {'sum':>15}")
+    for size in args.messages:
+        transcript = Transcript(f"synthetic-{size}", synthetic_session(size, args.seed), TOOLS, False)
+        with tempfile.TemporaryDirectory() as folder:
+            store = RecordStore(make_engine(args.url or f"sqlite:///{folder}/bench.db"),
+                                DirectoryBlobStore(Path(folder) / "blobs"))
+            store.create_schema()
+            times = replay(store, transcript, args.requests + args.warmup, args.policy, f"bench-{size}")
+            store.engine.dispose()
+        kept = {name: values[args.warmup:] for name, values in times.items()}
+        cells = [(statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for v in kept.values()]
+        cells.append((statistics.median(sum(t[i][0] for t in kept.values()) for i in range(args.requests)),
+                      statistics.median(sum(t[i][1] for t in kept.values()) for i in range(args.requests))))
+        print(f"{transcript.name:>15} " + " ".join(f"{f'{w:.2f} ({c:.2f})':>15}" for w, c in cells))
+
+
+if __name__ == "__main__":
+    main()

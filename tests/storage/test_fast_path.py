@@ -1,0 +1,90 @@
+"""The request path's shortcuts give what the long way gives: replacement digests carried over from
+the previous request, and SQLite's observation times read without an aware datetime."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import sqlalchemy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.assembly_bases import RecentAssemblies
+from storage.capture import _sqlite_moment
+from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord, as_utc, message_digest, stored_decisions
+
+
+def _record(replaced: dict[int, dict[str, Any]], **fields: Any) -> AssemblyRecord:
+    decisions = [{"index": i, "role": "tool", "action": "compacted" if i in replaced else "verbatim",
+                  "reason": "epoch:4", "artifact_id": None} for i in range(8)]
+    return AssemblyRecord(policy_name="p", policy_version="1", assembler_version="1", tokens_original=1,
+                          tokens_forwarded=1, messages_original=8, messages_forwarded=8, boundary_round=0,
+                          epoch_round=4, decisions=decisions, omissions={}, timings_ms={}, replaced=replaced,
+                          **fields)
+
+
+def _memory(text: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": "c", "content": text}
+
+
+def test_carried_digests_equal_recomputed_ones() -> None:
+    earlier = _record({1: _memory("one"), 2: _memory("two"), 5: _memory("five")})
+    now = {1: _memory("one"), 2: _memory("two, rendered again"), 3: _memory("three")}
+    carried = _record(now, earlier_forwarded=earlier.forwarded)
+    fresh = _record(now)
+    assert carried.forwarded == fresh.forwarded
+    assert carried.notable == fresh.notable
+    assert {i: d for i, (_, d) in carried.forwarded.items()} == {i: message_digest(m)[0] for i, m in now.items()}
+    # the same message in another place is hashed again (a digest is carried by place only)
+    moved = _record({6: _memory("one")}, earlier_forwarded=earlier.forwarded)
+    assert moved.forwarded[6][1] == message_digest(_memory("one"))[0]
+
+
+def test_a_wrong_carried_digest_would_show() -> None:
+    """The carried digest is taken only for an equal message: a changed one is hashed anew."""
+    earlier = {1: (_memory("old"), "not a digest")}
+    assert _record({1: _memory("new")}, earlier_forwarded=earlier).forwarded[1][1] == message_digest(_memory("new"))[0]
+    assert _record({1: _memory("old")}, earlier_forwarded=earlier).forwarded[1][1] == "not a digest"
+
+
+def test_recent_assemblies_hand_on_digests_and_the_stored_decisions_are_unchanged() -> None:
+    recent = RecentAssemblies()
+    first = _record({1: _memory("one"), 2: _memory("two")})
+    recent.remember("req_1", first)
+    second = recent.based(_record({1: _memory("one"), 2: _memory("two"), 4: _memory("four")}), "req_1")
+    assert second.base_request_id == "req_1" and second.earlier_forwarded == first.forwarded
+    plain = _record({1: _memory("one"), 2: _memory("two"), 4: _memory("four")}, base_request_id="req_1",
+                    base_decisions=first.notable)
+    assert stored_decisions(second) == stored_decisions(plain)
+    assert [d["index"] for d in stored_decisions(second)] == [4]
+
+
+def test_past_the_deepest_base_the_digests_still_carry_over() -> None:
+    recent = RecentAssemblies()
+    previous = "req_0"
+    recent.remember(previous, _record({1: _memory("one")}))
+    for n in range(1, MAX_BASE_DEPTH + 2):
+        record = recent.based(_record({1: _memory("one")}), previous)
+        assert record.earlier_forwarded is not None
+        previous = f"req_{n}"
+        recent.remember(previous, record)
+        if record.base_request_id is None:
+            break
+    else:
+        raise AssertionError("a chain this long is stored whole at some point")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(9000, 1, 1)))
+def test_sqlite_moments_equal_aware_timestamps(moment: datetime) -> None:
+    aware = moment.replace(tzinfo=timezone.utc)
+    engine = sqlalchemy.create_engine("sqlite://")
+    table = sqlalchemy.Table("t", sqlalchemy.MetaData(), sqlalchemy.Column("at", sqlalchemy.DateTime(timezone=True)))
+    table.create(engine)
+    with engine.begin() as connection:
+        connection.execute(table.insert(), {"at": aware})
+        stored = connection.exec_driver_sql("SELECT at FROM t").scalar_one()
+        assert isinstance(stored, str)
+        assert _sqlite_moment(stored) == as_utc(datetime.fromisoformat(stored)).timestamp() == aware.timestamp()
+    assert _sqlite_moment(aware) == aware.timestamp()
+    assert _sqlite_moment(aware + timedelta(hours=2)) == (aware + timedelta(hours=2)).timestamp()
