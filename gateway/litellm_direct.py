@@ -126,7 +126,7 @@ def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool,
     given = named.get("messages") or []
     prepared = memo.lookup(route, given, _litellm_params(route)) if memo is not None else None
     messages = message_steps(route, given) if prepared is None else prepared.messages
-    optional_params, effort = _optional_params(route, named, unnamed, messages)
+    optional_params, effort = _optional_params(route, named, unnamed, messages, memo)
     if prepared is None:  # else no message has a PDF part, and the check below changes nothing
         readable = litellm_main._messages_readable_by_model(
             messages=messages, model=route.model, custom_llm_provider=route.provider, model_info=None,
@@ -134,22 +134,26 @@ def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool,
             assistant_continue_message=None)
         if readable is not None:
             messages = list(readable)
-    if not _stays_on_chat(route, named.get("web_search_options"), named["tools"], effort, optional_params):
+    if not _stays_on_chat(route, named.get("web_search_options"), named["tools"], effort, optional_params, memo):
         return None
     return _wire_body(route, messages, optional_params, dict(kwargs.get("extra_headers") or {}), stream, prepared)
 
 
 def _stays_on_chat(route: _DirectRoute, web_search_options: Any, tools: Any = None, effort: Any = None,
-                   optional_params: Mapping[str, Any] | None = None) -> bool:
+                   optional_params: Mapping[str, Any] | None = None, memo: MessageMemo | None = None) -> bool:
     """Whether LiteLLM keeps the call on chat completions (it bridges some to the Responses API)."""
     bridge = {} if optional_params is None else {
         "tools": tools, "reasoning_summary": litellm_main.peek_reasoning_summary_aliases(optional_params),
         "reasoning_effort": litellm_main.bridge_reasoning_effort(effort, optional_params.get("extra_body"))}
     if web_search_options is None and not any(value is not None for value in bridge.values()):
         return True  # the deployment's own check (`_resolve_direct_route`) asked exactly this
-    mode, _ = litellm_main.responses_api_bridge_check(
-        model=route.model, custom_llm_provider=route.provider, web_search_options=web_search_options,
-        api_base=route.api_base, deployment_model_info={}, **bridge)
+    arguments = dict(model=route.model, custom_llm_provider=route.provider, web_search_options=web_search_options,
+                     api_base=route.api_base, deployment_model_info={}, **bridge)
+
+    def check() -> Any:
+        return litellm_main.responses_api_bridge_check(**arguments)
+
+    mode, _ = check() if memo is None else memo.remembered("responses_api_bridge_check", arguments, check)
     return mode.get("mode") != "responses"
 
 
@@ -181,9 +185,10 @@ _OPTIONAL_PARAM_ARGS = (
 )
 
 
-def _optional_params(route: _DirectRoute, named: Mapping[str, Any], unnamed: Mapping[str, Any],
-                     messages: list[Any]) -> tuple[dict[str, Any], Any]:
-    """`get_optional_params` as `litellm.completion` calls it, and the reasoning effort it resolved."""
+def _optional_params(route: _DirectRoute, named: Mapping[str, Any], unnamed: Mapping[str, Any], messages: list[Any],
+                     memo: MessageMemo | None = None) -> tuple[dict[str, Any], Any]:
+    """`get_optional_params` as `litellm.completion` calls it (remembered in `memo`), and the reasoning
+    effort it resolved."""
     m, model, provider, config = litellm_main, route.model, route.provider, route.config
     non_default = m.get_non_default_completion_params(kwargs=unnamed)
     requested_output = m.as_str_mapping(non_default.get("output_config"))
@@ -197,12 +202,16 @@ def _optional_params(route: _DirectRoute, named: Mapping[str, Any], unnamed: Map
         reasoning.effort, model=model, custom_llm_provider=provider, base_model=None) else None
     effort = m.reasoning_effort_with_summary_alias(
         reasoning.effort.value, provider_params, accepts_summary=config.accepts_reasoning_summary_in_reasoning_effort)
-    optional_params = m.get_optional_params(
-        **{arg: named.get(arg) for arg in _OPTIONAL_PARAM_ARGS}, model=model, custom_llm_provider=provider,
-        max_retries=unnamed.get("max_retries"), messages=messages, reasoning_effort=effort,
-        thinking=reasoning.thinking, allowed_openai_params=allowed, base_model=None, model_info=None,
-        **provider_params)
-    return optional_params, reasoning.effort.value
+    arguments = dict(**{arg: named.get(arg) for arg in _OPTIONAL_PARAM_ARGS}, model=model, custom_llm_provider=provider,
+                     max_retries=unnamed.get("max_retries"), reasoning_effort=effort, thinking=reasoning.thinking,
+                     allowed_openai_params=allowed, base_model=None, model_info=None, **provider_params)
+
+    def optional_params() -> dict[str, Any]:
+        return m.get_optional_params(**arguments, messages=messages)
+
+    # For the OpenAI configs it leaves `messages` out of the params (a test changes them under the memo).
+    return (optional_params() if memo is None else memo.remembered("get_optional_params", arguments, optional_params),
+            reasoning.effort.value)
 
 
 def _wire_body(route: _DirectRoute, messages: list[Any], optional_params: Mapping[str, Any],

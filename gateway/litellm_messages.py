@@ -21,6 +21,8 @@ the exact message (`_key`); `Prepared.body` runs the config's `transform_request
 alone and puts the remembered ones in place. Either returns None, and the caller prepares the whole
 list through LiteLLM, whenever a message, the route or the request is outside what is described above.
 The body it returns holds the memo's own message objects: serialise it, do not change it.
+`MessageMemo.remembered` does the same for the request's fixed part (`get_optional_params`, the
+Responses-bridge check), by the exact arguments of the call.
 tests/gateway/test_litellm_messages.py checks that both give the same request, also as transcripts
 grow, branch and get changed in place after being remembered.
 """
@@ -56,12 +58,13 @@ def _key(prefix: bytes, message: Any) -> bytes:
 
 
 def _copied(value: Any) -> Any:
-    """A copy of a message of JSON's types that shares no dict or list with it; TypeError for another type."""
+    """A copy of a value of JSON's types (or tuples) that shares no dict or list with it; TypeError for
+    another type."""
     kind = type(value)
     if kind is dict:
         return {key: _copied(item) for key, item in value.items()}
-    if kind is list:
-        return [_copied(item) for item in value]
+    if kind is list or kind is tuple:
+        return kind(_copied(item) for item in value)
     if kind in (str, int, float, bool) or value is None:
         return value
     raise TypeError(f"a {kind.__name__}")
@@ -141,6 +144,7 @@ class MessageMemo:
     def __init__(self, limit: int = 16384) -> None:
         self.limit = limit
         self._prepared: dict[bytes, tuple[Any, Any]] = {}
+        self._calls: dict[bytes, Any] = {}  # `remembered`
         self._routes: dict[tuple[Any, ...], bool] = {}  # whether the route's whole-list steps map each message
         self._lock = threading.Lock()
 
@@ -148,6 +152,7 @@ class MessageMemo:
         with self._lock:
             self._prepared.clear()
             self._routes.clear()
+            self._calls.clear()
 
     def lookup(self, route: Any, messages: Sequence[Any], litellm_params: Mapping[str, Any]) -> Prepared | None:
         """The messages as `message_steps` prepares them, the new ones by it and the others from the
@@ -170,9 +175,14 @@ class MessageMemo:
         for message, entry in zip(messages, known):
             if entry is not None:  # first, as LiteLLM's validation fixes every message before it may refuse one
                 _fix_in_place(message)
-        mapped = _mapped_steps(route, [messages[i] for i in new])
+        # Else, and where LiteLLM refuses a message (in words naming its place in the whole list), the
+        # whole-list path repeats the in-place fixes, which change nothing the second time.
+        try:
+            mapped = _mapped_steps(route, [messages[i] for i in new])
+        except Exception:
+            return None
         if len(mapped) != len(new) or not all(map(_prepared_alone, mapped)):
-            return None  # the whole-list path repeats the in-place fixes, which change nothing the second time
+            return None
         if _without_unanswered_tool_search_calls(route, mapped) is not mapped:
             return None  # cannot be: no message holds a tool-search call
         return Prepared(self, known, [digests[i] for i in new], mapped)
@@ -185,6 +195,26 @@ class MessageMemo:
                 self._routes[context] = maps
                 trim_oldest(self._routes, 256)
         return maps
+
+    def remembered(self, name: str, arguments: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+        """`compute()`, a LiteLLM call that reads `arguments`, LiteLLM's model map and module settings (which
+        the gateway never changes) and nothing else, remembered by its `name` and exact `arguments`; a
+        copy each time. Computed every time for arguments or a result of other than JSON's types."""
+        if not _json_types(dict(arguments)):
+            return compute()
+        key = pickle.dumps((name, id(litellm.model_cost), len(litellm.model_cost), arguments))
+        kept = self._calls.get(key)
+        if kept is None:
+            result = compute()
+            try:
+                kept = _copied(result)
+            except TypeError:
+                return result
+            with self._lock:
+                self._calls[key] = kept
+                trim_oldest(self._calls, 1024)
+            return result
+        return _copied(kept)
 
     def _remember(self, keys: list[bytes], entries: list[tuple[Any, Any]]) -> None:
         if keys:
@@ -208,7 +238,10 @@ class Prepared:
         on the new ones only; None under `prompt_cache_options` (the memo keeps messages as sent without)."""
         if prompt_cache_options is not None:
             return None
-        body = transform(self._before_new)
+        try:
+            body = transform(self._before_new)
+        except Exception:  # LiteLLM's words for it, from the whole list
+            return None
         sent_new = body["messages"]
         if len(sent_new) != len(self._before_new):
             return None

@@ -74,7 +74,11 @@ steps = st.lists(st.one_of(
 ), min_size=1, max_size=4)
 requests = st.fixed_dictionaries({}, optional={
     "tools": st.just([{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]),
-    "temperature": st.just(0.5),
+    "temperature": st.sampled_from([0.5, 1, None]), "reasoning_effort": st.sampled_from(["low", "high"]),
+    "response_format": st.just({"type": "json_object"}), "tool_choice": st.sampled_from(["auto", {"type": "auto"}]),
+    "stop": st.sampled_from(["x", ["a", "b"]]), "max_tokens": st.just(64), "user": st.just("u1"),
+    "thinking": st.just({"type": "enabled", "budget_tokens": 1024}),
+    "web_search_options": st.just({"search_context_size": "low"}),
     "extra_body": st.sampled_from([{"vendor_knob": 1}, {"prompt_cache_options": {"mode": "implicit"}},
                                    {"prompt_cache_options": {"mode": "explicit"}}]),
     "stream_options": st.just({"include_usage": True})})
