@@ -38,7 +38,6 @@ _DIRECT_KEYS = frozenset({"model", "api_base", "api_key", "extra_headers", "time
 _DIRECT_CONFIGS = (OpenAIGPTConfig, OpenAIUnknownModelConfig)
 _COMPLETION_ARGS = frozenset(inspect.signature(litellm_main.completion).parameters)
 _SDK_OPTIONS = ("extra_headers", "extra_query", "extra_body")
-MESSAGE_MEMO = MessageMemo()  # messages prepared before, per route (gateway/litellm_messages.py)
 
 
 def direct_wanted() -> bool:
@@ -109,7 +108,7 @@ def _resolve_direct_route(model: str, api_base: str, api_key: str) -> _DirectRou
 
 
 def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool,
-                   memo: MessageMemo | None = MESSAGE_MEMO) -> tuple[dict[str, Any], dict[str, str]] | None:
+                   memo: MessageMemo | None = None) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The body and extra headers LiteLLM would send for one `litellm.acompletion(**kwargs)` call to an
     OpenAI deployment, built by LiteLLM's own functions in the order `litellm.completion` and its OpenAI
     handler apply them; None where that call would take a route of its own (MCP tools, the Responses
