@@ -40,7 +40,10 @@ from litellm.litellm_core_utils.prompt_templates.common_utils import (
     messages_have_pdf_file_part,
 )
 from litellm.llms.openai.chat import gpt_transformation
-from litellm.responses.litellm_completion_transformation.tool_search import tool_search_call_ids
+from litellm.responses.litellm_completion_transformation.tool_search import (
+    _is_assistant_message,
+    tool_search_call_ids,
+)
 from litellm.utils import jsonify_tools
 
 from storage.canonical import trim_oldest
@@ -119,12 +122,13 @@ def _fix_in_place(message: dict[str, Any]) -> None:
         message["tool_calls"] = jsonify_tools(tools=message["tool_calls"])
 
 
-def _prepared_alone(message: Mapping[str, Any]) -> bool:
-    """Whether the whole-list steps after the developer-role translation leave a message (as that step
-    left it) as it is, whatever messages surround it: it holds no tool-search call, no PDF part, and no
-    media in a tool message."""
-    return not (tool_search_call_ids((message,)) or messages_have_pdf_file_part((message,))
-                or any(map(_tool_message_carries_media, drop_tool_reference_parts_from_tool_messages([message]))))
+def _prepared_alone(messages: list[Any]) -> bool:
+    """Whether the whole-list steps after the developer-role translation leave these messages (as that
+    step left them) as they are, whatever messages surround them: none holds a tool-search call (among
+    assistant messages, as LiteLLM looks for them), a PDF part, or media in a tool message."""
+    return not (tool_search_call_ids(message for message in messages if _is_assistant_message(message))
+                or messages_have_pdf_file_part(messages)
+                or any(map(_tool_message_carries_media, drop_tool_reference_parts_from_tool_messages(messages))))
 
 
 def _route_maps_each_message(route: Any, litellm_params: Mapping[str, Any]) -> bool:
@@ -181,7 +185,7 @@ class MessageMemo:
             mapped = _mapped_steps(route, [messages[i] for i in new])
         except Exception:
             return None
-        if len(mapped) != len(new) or not all(map(_prepared_alone, mapped)):
+        if len(mapped) != len(new) or not _prepared_alone(mapped):
             return None
         if _without_unanswered_tool_search_calls(route, mapped) is not mapped:
             return None  # cannot be: no message holds a tool-search call
