@@ -121,10 +121,10 @@ def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool,
         return None
     if not _stays_on_chat(route, named.get("web_search_options")):
         return None
-    named["tools"] = _checked_params(route, kwargs["model"], named, tools)
     given = named.get("messages") or []
     prepared = memo.lookup(route, given, _litellm_params(route)) if memo is not None else None
     messages = message_steps(route, given) if prepared is None else prepared.messages
+    named["tools"] = _checked_params(route, kwargs["model"], named, tools)
     optional_params, effort = _optional_params(route, named, unnamed, messages, memo)
     if prepared is None:  # else no message has a PDF part, and the check below changes nothing
         readable = litellm_main._messages_readable_by_model(
@@ -159,7 +159,8 @@ def _stays_on_chat(route: _DirectRoute, web_search_options: Any, tools: Any = No
 def _checked_params(route: _DirectRoute, model: str, named: dict[str, Any], tools: Any) -> Any:
     """The tools as `litellm.completion` prepares them before mapping params; it also validates
     `tool_choice`, `stop` and `thinking`, which `_optional_params` reads back from `named`. (It does so
-    between its message steps, `message_steps`: a request both refuse fails either way.)"""
+    after validating the messages and before their other steps, `message_steps`: a request both refuse
+    fails either way, and the caller's message dicts are fixed before either refuses.)"""
     m = litellm_main
     named["tool_choice"] = m.validate_chat_completion_tool_choice(tool_choice=named.get("tool_choice"), model=model)
     named["stop"] = m.validate_openai_optional_params(stop=named.get("stop"))
