@@ -23,11 +23,12 @@ from litellm import main as litellm_main
 from litellm.litellm_core_utils.exception_mapping_utils import exception_type
 from litellm.litellm_core_utils.llm_response_utils.convert_dict_to_response import convert_to_model_response_object
 from litellm.litellm_core_utils.core_helpers import map_finish_reason
-from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig, OpenAIUnknownModelConfig
+from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig, OpenAIUnknownModelConfig, _prompt_cache_options
 from litellm.llms.openai.common_utils import OpenAIError, upstream_error_response
 
 from gateway.direct_chat import DirectCall, EndedWithoutFinish, ErrorEvent, Repetition
 from gateway.errors import UpstreamError
+from gateway.litellm_messages import MessageMemo, Prepared, message_steps
 
 
 # litellm_params a direct deployment may hold: anything else is something LiteLLM would act on.
@@ -106,12 +107,13 @@ def _resolve_direct_route(model: str, api_base: str, api_key: str) -> _DirectRou
                         url=f"{base.rstrip('/')}/chat/completions", config=config)
 
 
-def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any],
-                   stream: bool) -> tuple[dict[str, Any], dict[str, str]] | None:
+def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool,
+                   memo: MessageMemo | None = None) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The body and extra headers LiteLLM would send for one `litellm.acompletion(**kwargs)` call to an
     OpenAI deployment, built by LiteLLM's own functions in the order `litellm.completion` and its OpenAI
     handler apply them; None where that call would take a route of its own (MCP tools, the Responses
-    bridge, several streamed choices)."""
+    bridge, several streamed choices). With a `memo`, messages it has prepared for the route before are
+    taken from it (gateway/litellm_messages.py); without, every message is prepared again."""
     named = {k: v for k, v in kwargs.items() if k in _COMPLETION_ARGS}
     unnamed = {k: v for k, v in kwargs.items() if k not in _COMPLETION_ARGS}
     tools = litellm_main.validate_and_fix_openai_tools(tools=named.get("tools"))
@@ -119,53 +121,59 @@ def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any],
         return None
     if not _stays_on_chat(route, named.get("web_search_options")):
         return None
-    messages, named["tools"] = _openai_messages(route, kwargs["model"], named, tools)
-    optional_params, effort = _optional_params(route, named, unnamed, messages)
-    readable = litellm_main._messages_readable_by_model(
-        messages=messages, model=route.model, custom_llm_provider=route.provider, model_info=None, base_model=None,
-        drop_params=False, ensure_alternating_roles=None, user_continue_message=None, assistant_continue_message=None)
-    if readable is not None:
-        messages = list(readable)
-    if not _stays_on_chat(route, named.get("web_search_options"), named["tools"], effort, optional_params):
+    given = named.get("messages") or []
+    prepared = memo.lookup(route, given, _litellm_params(route)) if memo is not None else None
+    messages = message_steps(route, given) if prepared is None else prepared.messages
+    named["tools"] = _checked_params(route, kwargs["model"], named, tools)
+    optional_params, effort = _optional_params(route, named, unnamed, messages, memo)
+    if prepared is None:  # else no message has a PDF part, and the check below changes nothing
+        readable = litellm_main._messages_readable_by_model(
+            messages=messages, model=route.model, custom_llm_provider=route.provider, model_info=None,
+            base_model=None, drop_params=False, ensure_alternating_roles=None, user_continue_message=None,
+            assistant_continue_message=None)
+        if readable is not None:
+            messages = list(readable)
+    if not _stays_on_chat(route, named.get("web_search_options"), named["tools"], effort, optional_params, memo):
         return None
-    return _wire_body(route, messages, optional_params, dict(kwargs.get("extra_headers") or {}), stream)
+    return _wire_body(route, messages, optional_params, dict(kwargs.get("extra_headers") or {}), stream, prepared)
 
 
 def _stays_on_chat(route: _DirectRoute, web_search_options: Any, tools: Any = None, effort: Any = None,
-                   optional_params: Mapping[str, Any] | None = None) -> bool:
+                   optional_params: Mapping[str, Any] | None = None, memo: MessageMemo | None = None) -> bool:
     """Whether LiteLLM keeps the call on chat completions (it bridges some to the Responses API)."""
     bridge = {} if optional_params is None else {
         "tools": tools, "reasoning_summary": litellm_main.peek_reasoning_summary_aliases(optional_params),
         "reasoning_effort": litellm_main.bridge_reasoning_effort(effort, optional_params.get("extra_body"))}
     if web_search_options is None and not any(value is not None for value in bridge.values()):
         return True  # the deployment's own check (`_resolve_direct_route`) asked exactly this
-    mode, _ = litellm_main.responses_api_bridge_check(
-        model=route.model, custom_llm_provider=route.provider, web_search_options=web_search_options,
-        api_base=route.api_base, deployment_model_info={}, **bridge)
+    arguments = dict(model=route.model, custom_llm_provider=route.provider, web_search_options=web_search_options,
+                     api_base=route.api_base, deployment_model_info={}, **bridge)
+
+    def check() -> Any:
+        return litellm_main.responses_api_bridge_check(**arguments)
+
+    mode, _ = check() if memo is None else memo.remembered("responses_api_bridge_check", arguments, check)
     return mode.get("mode") != "responses"
 
 
-def _openai_messages(route: _DirectRoute, model: str, named: dict[str, Any],
-                     tools: Any) -> tuple[list[Any], Any]:
-    """Messages and tools as `litellm.completion` prepares them before mapping params (it also validates
-    `tool_choice`, `stop` and `thinking`, which `_optional_params` reads back from `named`)."""
-    m, provider, config = litellm_main, route.provider, route.config
-    messages = m.validate_and_fix_openai_messages(messages=named.get("messages") or [])
+def _checked_params(route: _DirectRoute, model: str, named: dict[str, Any], tools: Any) -> Any:
+    """The tools as `litellm.completion` prepares them before mapping params; it also validates
+    `tool_choice`, `stop` and `thinking`, which `_optional_params` reads back from `named`. (It does so
+    after validating the messages and before their other steps, `message_steps`: a request both refuse
+    fails either way, and the caller's message dicts are fixed before either refuses.)"""
+    m = litellm_main
     named["tool_choice"] = m.validate_chat_completion_tool_choice(tool_choice=named.get("tool_choice"), model=model)
     named["stop"] = m.validate_openai_optional_params(stop=named.get("stop"))
     named["thinking"] = m.validate_and_fix_thinking_param(thinking=named.get("thinking"))
-    messages = m.get_completion_messages(messages=messages, ensure_alternating_roles=False,
-                                         user_continue_message=None, assistant_continue_message=None)
     tools = m._drop_anthropic_only_tool_keys(tools=tools)
-    m.raise_if_allowed_tools_tool_choice_unsupported(tool_choice=named["tool_choice"], custom_llm_provider=provider,
-                                                     model=route.model)
-    m.raise_if_hosted_tool_choice_unsupported(tool_choice=named["tool_choice"], custom_llm_provider=provider,
-                                              model=route.model)
-    messages = m.update_messages_with_model_file_ids(messages=messages, model_id=None, model_file_id_mapping={})
-    messages = list(config.translate_developer_role_to_system_role(
-        messages=messages, model=route.model, custom_llm_provider=provider, api_base=route.api_base, model_info={}))
-    history = m._history_without_unanswered_tool_search_calls(messages, provider, config)
-    return (messages if history is None else list(history)), tools
+    for check in (m.raise_if_allowed_tools_tool_choice_unsupported, m.raise_if_hosted_tool_choice_unsupported):
+        check(tool_choice=named["tool_choice"], custom_llm_provider=route.provider, model=route.model)
+    return tools
+
+
+def _litellm_params(route: _DirectRoute) -> dict[str, Any]:
+    """The litellm_params LiteLLM's OpenAI handler gives `transform_request`."""
+    return {"custom_llm_provider": route.provider, "api_base": route.api_base}
 
 
 _OPTIONAL_PARAM_ARGS = (
@@ -177,9 +185,10 @@ _OPTIONAL_PARAM_ARGS = (
 )
 
 
-def _optional_params(route: _DirectRoute, named: Mapping[str, Any], unnamed: Mapping[str, Any],
-                     messages: list[Any]) -> tuple[dict[str, Any], Any]:
-    """`get_optional_params` as `litellm.completion` calls it, and the reasoning effort it resolved."""
+def _optional_params(route: _DirectRoute, named: Mapping[str, Any], unnamed: Mapping[str, Any], messages: list[Any],
+                     memo: MessageMemo | None = None) -> tuple[dict[str, Any], Any]:
+    """`get_optional_params` as `litellm.completion` calls it (remembered in `memo`), and the reasoning
+    effort it resolved."""
     m, model, provider, config = litellm_main, route.model, route.provider, route.config
     non_default = m.get_non_default_completion_params(kwargs=unnamed)
     requested_output = m.as_str_mapping(non_default.get("output_config"))
@@ -193,25 +202,36 @@ def _optional_params(route: _DirectRoute, named: Mapping[str, Any], unnamed: Map
         reasoning.effort, model=model, custom_llm_provider=provider, base_model=None) else None
     effort = m.reasoning_effort_with_summary_alias(
         reasoning.effort.value, provider_params, accepts_summary=config.accepts_reasoning_summary_in_reasoning_effort)
-    optional_params = m.get_optional_params(
-        **{arg: named.get(arg) for arg in _OPTIONAL_PARAM_ARGS}, model=model, custom_llm_provider=provider,
-        max_retries=unnamed.get("max_retries"), messages=messages, reasoning_effort=effort,
-        thinking=reasoning.thinking, allowed_openai_params=allowed, base_model=None, model_info=None,
-        **provider_params)
-    return optional_params, reasoning.effort.value
+    arguments = dict(**{arg: named.get(arg) for arg in _OPTIONAL_PARAM_ARGS}, model=model, custom_llm_provider=provider,
+                     max_retries=unnamed.get("max_retries"), reasoning_effort=effort, thinking=reasoning.thinking,
+                     allowed_openai_params=allowed, base_model=None, model_info=None, **provider_params)
+
+    def optional_params() -> dict[str, Any]:
+        return m.get_optional_params(**arguments, messages=messages)
+
+    # For the OpenAI configs it leaves `messages` out of the params (a test changes them under the memo).
+    return (optional_params() if memo is None else memo.remembered("get_optional_params", arguments, optional_params),
+            reasoning.effort.value)
 
 
 def _wire_body(route: _DirectRoute, messages: list[Any], optional_params: Mapping[str, Any],
-               headers: dict[str, str], stream: bool) -> tuple[dict[str, Any], dict[str, str]]:
+               headers: dict[str, str], stream: bool,
+               prepared: Prepared | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """What LiteLLM's OpenAI handler and the openai SDK make of the prepared call: the config's
-    `transform_request`, stream options, then `extra_body` merged into the body."""
+    `transform_request` (on the new messages only, with `prepared`), stream options, then `extra_body`
+    merged into the body."""
     outbound = litellm_main.with_attribution_headers(route.config.get_attribution_headers(), headers) or {}
     params = {k: v for k, v in optional_params.items() if k not in ("stream", "stream_options", "max_retries")}
     if outbound:
         params["extra_headers"] = outbound
-    data = route.config.transform_request(
-        model=route.model, messages=messages, optional_params=params,
-        litellm_params={"custom_llm_provider": route.provider, "api_base": route.api_base}, headers=outbound)
+
+    def transform(some: list[Any]) -> dict[str, Any]:
+        return route.config.transform_request(model=route.model, messages=some, optional_params=dict(params),
+                                              litellm_params=_litellm_params(route), headers=outbound)
+
+    data = prepared.body(transform, _prompt_cache_options(params)) if prepared is not None else None
+    if data is None:
+        data = transform(messages)
     if stream:
         data["stream"] = True
         if optional_params.get("stream_options") is not None:

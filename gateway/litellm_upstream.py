@@ -1,5 +1,5 @@
-"""`UpstreamClient` over LiteLLM (with gateway/litellm_base.py and gateway/litellm_direct.py, the
-only modules that import it): one `litellm` call per request.
+"""`UpstreamClient` over LiteLLM (with gateway/litellm_base.py, gateway/litellm_direct.py and
+gateway/litellm_messages.py, the only modules that import it): one `litellm` call per request.
 
 LiteLLM is configured per call (no global callback lists, no module flags
 beyond the offline environment set before import), so concurrent requests
@@ -30,6 +30,7 @@ from gateway.direct_chat import DirectCall, DirectChat
 from gateway.errors import UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
 from gateway.litellm_base import PRICING_KEYS, litellm, map_error
 from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_request
+from gateway.litellm_messages import MessageMemo
 from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest
 from storage.canonical import compact_json
 
@@ -161,6 +162,7 @@ class LiteLLMUpstream:
     def __init__(self, direct_transport: bool | None = None) -> None:
         wanted = direct_wanted() if direct_transport is None else direct_transport
         self._direct = DirectChat(OpenAIDirectCodec(), verify=get_ssl_configuration()) if wanted else None
+        self._memo = MessageMemo()  # LiteLLM's preparation of messages and params seen before (direct transport)
         self._without_tool_changes: set[str] = set()  # deployments that refused mid-conversation tool changes
 
     async def aclose(self) -> None:
@@ -176,7 +178,7 @@ class LiteLLMUpstream:
         if route is None:
             return None
         try:
-            built = openai_request(route, self._kwargs(request, stream), stream)
+            built = openai_request(route, self._kwargs(request, stream), stream, self._memo)
         except Exception:  # a request LiteLLM refuses: its own path reports it
             return None
         if built is None:
@@ -359,7 +361,8 @@ class LiteLLMUpstream:
 
     async def _direct_call_built(self, request: UpstreamRequest, stream: bool) -> DirectCall | None:
         """`_direct_call`, on a worker thread for a long transcript: LiteLLM's preparation walks every
-        message (about 8 ms for 1,000), which on the event loop would stall every other request."""
+        message it has not seen (gateway/litellm_messages.py) and keys the others, which for a long one
+        on the event loop would stall every other request (bench/direct_prep.py times it)."""
         if len(request.body.get("messages") or ()) < _OFF_LOOP_MESSAGES:
             return self._direct_call(request, stream)
         return await run_in_threadpool(self._direct_call, request, stream)

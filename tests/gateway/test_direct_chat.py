@@ -365,3 +365,21 @@ async def test_timeout_is_per_request(fake: FakeUpstream) -> None:
     with pytest.raises(UpstreamTimeout) as caught:
         await upstream.complete(request(params(fake), {"messages": USER}, timeout=0.1))
     assert caught.value.status_code == 504
+
+
+async def test_a_growing_transcript_sends_what_litellm_sends(fake: FakeUpstream) -> None:
+    """Turn after turn through one upstream, whose memo prepares the messages it has seen before."""
+    direct, via_litellm = LiteLLMUpstream(direct_transport=True), LiteLLMUpstream(direct_transport=False)
+    transcript = [{"role": "system", "content": "be brief"}, *USER]
+    for turn in range(4):
+        sent = []
+        for upstream in (direct, via_litellm):
+            fake.reset()
+            await upstream.complete(request(params(fake), {"messages": transcript, "tools": [WEATHER_TOOL]}))
+            sent.append(json.dumps(fake.requests[-1]["body"]))
+        assert sent[0] == sent[1]
+        call = {**TOOL_CALL, "id": f"c{turn}", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        transcript = [*transcript, {"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": f"c{turn}", "content": f"sunny {turn}", "name": None}]
+    assert len(direct._memo._prepared) == len(transcript) - 2
+    await direct.aclose()
