@@ -32,7 +32,7 @@ from gateway.litellm_base import PRICING_KEYS, litellm, map_error
 from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_request
 from gateway.litellm_messages import MessageMemo
 from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest
-from storage.canonical import compact_json
+from storage.canonical import compact_json_bytes
 
 # OpenAI chat fields LiteLLM takes as named arguments; any other body field
 # goes to the provider untouched through `extra_body`.
@@ -133,7 +133,7 @@ _OFF_LOOP_MESSAGES = 64  # transcripts this long are prepared for the direct tra
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
     """A body serialised as the openai SDK serialises it (parsed from the client's JSON and projected:
     no NaN or infinity in it)."""
-    return compact_json(body, finite=True).encode()
+    return compact_json_bytes(body)
 
 
 _OPENAI_WIRE = frozenset({"openai", "custom_openai", "text-completion-openai", *litellm.openai_compatible_providers})

@@ -56,19 +56,33 @@ def compact_json(value: Any, *, finite: bool = False) -> str:
     1,000 messages is serialised in about a fifth of the time the walk alone takes.
     """
     if finite:
-        try:
-            text = orjson.dumps(value)
-        except TypeError:  # lone surrogates, integers past 64 bits, types orjson does not know
-            pass
-        else:
-            if not _orjson_may_differ(text):
-                return text.decode()
+        text = _orjson_text(value)
+        if text is not None:
+            return text.decode()
     elif _plain(value):
         try:
             return orjson.dumps(value).decode()
         except TypeError:
             pass
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def compact_json_bytes(value: Any) -> bytes:
+    """`compact_json(value, finite=True)` encoded as UTF-8, without decoding orjson's bytes and encoding
+    them again (a request body is serialised so on every call)."""
+    text = _orjson_text(value)
+    if text is not None:
+        return text
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _orjson_text(value: Any) -> bytes | None:
+    """orjson's text of a value holding no NaN or infinity, where it is Python's; None elsewhere."""
+    try:
+        text = orjson.dumps(value)
+    except TypeError:  # lone surrogates, integers past 64 bits, types orjson does not know
+        return None
+    return None if _orjson_may_differ(text) else text
 
 
 _DIGITS = frozenset(b"0123456789")
@@ -79,7 +93,8 @@ def _orjson_may_differ(text: bytes) -> bool:
     1e-4 with an exponent of at least two digits (`1e-07`, `4.67e-05`), where orjson writes a one-digit
     exponent (`1e-7`) or none (`0.0000467`); every other float and every integer both write alike
     (checked on a million random floats). A string that merely looks like one of these only costs the
-    slow path."""
+    slow path. (`bytes.find` skips to each `e-`; a regular expression starting at a digit tries every
+    position and took four times as long on a 92 KB body.)"""
     if b"0.0000" in text:
         return True
     at = text.find(b"e-")

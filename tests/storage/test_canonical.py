@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.canonical import NodeIds, compact_json, fast_canonical_json
+from storage.canonical import NodeIds, _orjson_may_differ, compact_json, compact_json_bytes, fast_canonical_json
 from policies.transcript import canonical_json, message_path
 
 _SCALARS = st.one_of(
@@ -60,6 +60,27 @@ def test_compact_json_of_finite_values_falls_back_where_orjson_writes_otherwise(
     for value in ([1e-07], {"x": 4.6700813568056094e-05}, [-2.5e-9, 1.0], [2 ** 64], {"x": "\ud800"},
                   {"x": "0.0000 and 3e-5, in text"}, [1e16, 1e-300, 5e-324, 0.0001, 123456789.123]):
         assert compact_json(value, finite=True) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _may_differ_by_loop(text: bytes) -> bool:
+    """The check spelled out position by position: the reference for the search by `bytes.find`."""
+    digits = b"0123456789"
+    return b"0.0000" in text or any(
+        text[at:at + 2] == b"e-" and at > 0 and text[at - 1] in digits and at + 2 < len(text)
+        and text[at + 2] in digits and (at + 3 == len(text) or text[at + 3] not in digits)
+        for at in range(len(text)))
+
+
+@given(st.binary(max_size=40) | st.text(alphabet="0123456789e-. x", max_size=40).map(str.encode))
+@settings(max_examples=2000, deadline=None)
+def test_the_float_check_finds_every_short_exponent_and_nothing_else(text: bytes) -> None:
+    assert _orjson_may_differ(text) == _may_differ_by_loop(text)
+
+
+@given(st.one_of(_VALUES, st.lists(_FLOATS, max_size=8)))
+@settings(max_examples=300, deadline=None)
+def test_compact_json_bytes_are_the_text_encoded(value: object) -> None:
+    assert compact_json_bytes(value) == compact_json(value, finite=True).encode()
 
 
 def test_compact_json_refuses_what_json_refuses() -> None:
