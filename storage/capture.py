@@ -65,7 +65,7 @@ _CHUNK = 500
 _RUNS, _NODES, _MEMBERS = ModelRun.__table__, MessageNode.__table__, ConversationNode.__table__
 _ARTIFACTS = ToolArtifact.__table__
 _CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
-_TENANT_OF_RUN = select(_RUNS.c.tenant).where(_RUNS.c.id == bindparam("id"))
+_PARENT_RUN = select(_RUNS.c.tenant, _RUNS.c.conversation_id).where(_RUNS.c.id == bindparam("id"))
 _KNOWN_NODES = (
     select(_NODES.c.id, _MEMBERS.c.node_id)
     .select_from(_NODES.outerjoin(_MEMBERS, (_MEMBERS.c.node_id == _NODES.c.id)
@@ -84,10 +84,10 @@ _ARTIFACTS_IN_CONVERSATION = select(func.count()).select_from(
     select(_MEMBERS.c.node_id).join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id)
     .where(_MEMBERS.c.conversation_id == bindparam("conversation")).limit(bindparam("bound")).subquery()
 )
-_SUBAGENT_RUNS = (
+_SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the parent must still be there
     select(_CHILD.c.id).join(_PARENT, _CHILD.c.parent_request_id == _PARENT.c.id)
-    .where(_PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"),
-           _CHILD.c.tenant == bindparam("tenant"))
+    .where(_CHILD.c.parent_conversation_id == bindparam("conversation"), _CHILD.c.tenant == bindparam("tenant"),
+           _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
 )
 _SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
 _RESULTS_OF_RUNS = select(  # by the sha256 of the content as sent, which the assembler's views carry
@@ -207,10 +207,12 @@ class Capture(StoreBase):
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
         self._hold_conversation(connection, tenant, conversation, now)
+        parent_conversation = None
         if run.parent_request_id is not None:
-            parent_tenant = connection.scalar(_TENANT_OF_RUN, {"id": run.parent_request_id})
-            if parent_tenant != tenant:  # unknown, or another tenant's: the same answer
+            parent = connection.execute(_PARENT_RUN, {"id": run.parent_request_id}).first()
+            if parent is None or parent.tenant != tenant:  # unknown, or another tenant's: the same answer
                 raise UnknownParentRequest(run.parent_request_id)
+            parent_conversation = parent.conversation_id
         existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
         new: list[PathNode] = []
         node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
@@ -239,7 +241,7 @@ class Capture(StoreBase):
         self._insert_ignoring_conflicts(connection, ConversationNode, [
             {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
         ])
-        connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path)])
+        connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path, parent_conversation)])
         return _Written(session_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows))
 
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
@@ -275,7 +277,7 @@ class Capture(StoreBase):
         )
 
     def _run_row(self, run: RunStart, session_id: str, conversation: str,
-                 path: Sequence[PathNode]) -> dict[str, Any]:
+                 path: Sequence[PathNode], parent_conversation: str | None = None) -> dict[str, Any]:
         return dict(
             id=run.request_id,
             tenant=run.tenant,
@@ -284,6 +286,7 @@ class Capture(StoreBase):
             conversation_id=conversation,
             participant=run.participant,
             parent_request_id=run.parent_request_id,
+            parent_conversation_id=parent_conversation,
             model=run.model,
             upstream_model=run.upstream_model,
             leaf_node_id=path[-1].id if path else run.request_id,
@@ -360,8 +363,8 @@ class Capture(StoreBase):
     ) -> dict[str, str]:
         """Results captured by subagent runs (of this tenant) whose parent run is in this conversation.
 
-        Driven from the conversation's runs through the parent_request_id index, so the
-        cost follows the conversation's size, not the tenant's history.
+        Driven from the subagent runs whose parent is in the conversation (`parent_conversation_id`,
+        indexed), so the cost follows how many there are, not the conversation's or the tenant's runs.
         """
         if own_parent is None:
             child_ids = list(connection.scalars(_SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant}))
@@ -509,7 +512,10 @@ class Capture(StoreBase):
         conversation = conversation_id_for(run.tenant, run.session_label, ()) if run.session_label else run.request_id
         with self.engine.begin() as connection:
             self._touch_conversation(connection, run.tenant, conversation, self._now())
-            connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, ())])
+            parent = connection.execute(_PARENT_RUN, {"id": run.parent_request_id}).first() \
+                if run.parent_request_id is not None else None
+            parent_conversation = parent.conversation_id if parent is not None and parent.tenant == run.tenant else None
+            connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent_conversation)])
 
     def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime) -> None:
         """Lock the conversation's row for this capture, which garbage collection and deletion take

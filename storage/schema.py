@@ -58,6 +58,9 @@ class ModelRun(Base):
     conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
     participant: Mapped[str] = mapped_column(String(256))
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
+    # A subagent run's parent's conversation (a run's conversation never changes): the subagent runs of a
+    # conversation are found through this index, without reading the conversation's every run.
+    parent_conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
     model: Mapped[str] = mapped_column(String(256))
     upstream_model: Mapped[str] = mapped_column(String(256))
     deployment: Mapped[str | None] = mapped_column(String(128))  # the deployment that answered (or failed last)
