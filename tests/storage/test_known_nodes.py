@@ -5,22 +5,13 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Iterator
 
-import pytest
 
 from policies.transcript import message_path
 from storage.capture import conversation_id_for
 from storage.record_types import RunStart
 from storage.records import RecordStore
 from tests.conftest import make_store
-
-
-@pytest.fixture
-def store(storage_url: str, tmp_path: Path) -> Iterator[RecordStore]:
-    store = make_store(storage_url, tmp_path / "blobs")
-    yield store
-    store.engine.dispose()
 
 
 def _round(n: int, branch: int) -> list[dict]:

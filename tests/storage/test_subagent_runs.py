@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Iterator
 
-import pytest
 from sqlalchemy import bindparam, select, text
 
 from policies.transcript import message_path
@@ -15,7 +13,6 @@ from storage.capture import conversation_id_for
 from storage.record_types import RunStart
 from storage.records import RecordStore
 from storage.schema import ModelRun
-from tests.conftest import make_store
 
 _CHILD, _PARENT = ModelRun.__table__.alias("child_run"), ModelRun.__table__.alias("parent_run")
 # The lookup as it was before 0011: every run of the conversation, and the children of each.
@@ -24,13 +21,6 @@ _BY_EVERY_RUN = (
     .where(_PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"),
            _CHILD.c.tenant == bindparam("tenant"))
 )
-
-
-@pytest.fixture
-def store(storage_url: str, tmp_path: Path) -> Iterator[RecordStore]:
-    store = make_store(storage_url, tmp_path / "blobs")
-    yield store
-    store.engine.dispose()
 
 
 def _transcript(label: str, n: int) -> list[dict]:
