@@ -207,12 +207,9 @@ class Capture(StoreBase):
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
         self._hold_conversation(connection, tenant, conversation, now)
-        parent_conversation = None
-        if run.parent_request_id is not None:
-            parent = connection.execute(_PARENT_RUN, {"id": run.parent_request_id}).first()
-            if parent is None or parent.tenant != tenant:  # unknown, or another tenant's: the same answer
-                raise UnknownParentRequest(run.parent_request_id)
-            parent_conversation = parent.conversation_id
+        parent = self._parent_run(connection, run)
+        if run.parent_request_id is not None and parent is None:  # unknown, or another tenant's: one answer
+            raise UnknownParentRequest(run.parent_request_id)
         existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
         new: list[PathNode] = []
         node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
@@ -241,7 +238,7 @@ class Capture(StoreBase):
         self._insert_ignoring_conflicts(connection, ConversationNode, [
             {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
         ])
-        connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path, parent_conversation)])
+        connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path, parent)])
         return _Written(session_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows))
 
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
@@ -276,8 +273,17 @@ class Capture(StoreBase):
             previous_request_id=previous[2] if previous and previous[3] == conversation else None,
         )
 
+    @staticmethod
+    def _parent_run(connection: Connection, run: RunStart) -> Any:
+        """The row (tenant, conversation) of the run `run` names as its parent, when one of its tenant
+        is there; else None."""
+        if run.parent_request_id is None:
+            return None
+        parent = connection.execute(_PARENT_RUN, {"id": run.parent_request_id}).first()
+        return parent if parent is not None and parent.tenant == run.tenant else None
+
     def _run_row(self, run: RunStart, session_id: str, conversation: str,
-                 path: Sequence[PathNode], parent_conversation: str | None = None) -> dict[str, Any]:
+                 path: Sequence[PathNode], parent: Any = None) -> dict[str, Any]:
         return dict(
             id=run.request_id,
             tenant=run.tenant,
@@ -286,7 +292,7 @@ class Capture(StoreBase):
             conversation_id=conversation,
             participant=run.participant,
             parent_request_id=run.parent_request_id,
-            parent_conversation_id=parent_conversation,
+            parent_conversation_id=parent.conversation_id if parent is not None else None,
             model=run.model,
             upstream_model=run.upstream_model,
             leaf_node_id=path[-1].id if path else run.request_id,
@@ -512,10 +518,8 @@ class Capture(StoreBase):
         conversation = conversation_id_for(run.tenant, run.session_label, ()) if run.session_label else run.request_id
         with self.engine.begin() as connection:
             self._touch_conversation(connection, run.tenant, conversation, self._now())
-            parent = connection.execute(_PARENT_RUN, {"id": run.parent_request_id}).first() \
-                if run.parent_request_id is not None else None
-            parent_conversation = parent.conversation_id if parent is not None and parent.tenant == run.tenant else None
-            connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent_conversation)])
+            parent = self._parent_run(connection, run)
+            connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
 
     def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime) -> None:
         """Lock the conversation's row for this capture, which garbage collection and deletion take

@@ -10,11 +10,8 @@ What is remembered is only that a text passed: nothing of any tenant's content i
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 from typing import Any, Sequence
-
-import orjson
 
 from storage.canonical import exact_digest, trim_oldest
 
@@ -22,11 +19,8 @@ MIN_MESSAGES = 16  # shorter transcripts are checked whole: the digests would co
 
 
 def message_digests(messages: Sequence[Any]) -> list[bytes | None]:
-    """Each message's `exact_digest` (the node-id cache's key), in one pass."""
-    try:
-        return [hashlib.sha256(orjson.dumps(message)).digest()[:16] for message in messages]
-    except TypeError:  # a message orjson cannot write: each on its own
-        return [exact_digest(message) for message in messages]
+    """Each message's `exact_digest` (the node-id cache's key)."""
+    return [exact_digest(message) for message in messages]
 
 
 class SeenMessages:
