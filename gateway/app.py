@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import admin_api, dashboard, keys_api, model_routes, records_api
@@ -32,6 +31,7 @@ from gateway.request_id import RequestIdMiddleware
 from gateway.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
 from gateway.sessions import SessionSigner
+from gateway.threads import off_loop
 from gateway.tracing import Tracing
 from gateway.tracing_middleware import TracingMiddleware
 from gateway.upstream import UpstreamClient
@@ -115,9 +115,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store = store is None
         record_store = store or build_store(settings, clock)
-        await run_in_threadpool(record_store.create_schema)
-        await run_in_threadpool(record_store.blobs.check)  # a missing bucket stops the start, not a capture
-        await run_in_threadpool(record_store.register_instance)
+        await off_loop(record_store.create_schema)
+        await off_loop(record_store.blobs.check)  # a missing bucket stops the start, not a capture
+        await off_loop(record_store.register_instance)
         housekeeping = Housekeeping(record_store, settings.server, lambda: _current_settings(app), clock)
         await housekeeping.run_once()  # what a crashed predecessor left pending
         limiter: RateLimiter = (
@@ -134,7 +134,7 @@ def create_app(
         traced = TracedUpstream(inner, tracing.tracer, tracing.capture_content) if tracing.tracer else inner
         client = RoutedUpstream(traced, settings, limiter)
         await client.warm_up()
-        await run_in_threadpool(encoding)  # tiktoken's first load takes a few hundred ms
+        await off_loop(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
             settings=settings,
             store=record_store,
@@ -167,14 +167,14 @@ def create_app(
                 watching.cancel()
             if hangup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            await run_in_threadpool(record_store.retire_instance)
+            await off_loop(record_store.retire_instance)
             await limiter.close()
             await counters.close()
             if upstream is None:
                 await client.aclose()  # the direct transport's connection pool
             if owned_store:
                 record_store.engine.dispose()
-            await run_in_threadpool(tracing.shutdown)  # exports what is still queued
+            await off_loop(tracing.shutdown)  # exports what is still queued
 
     docs = settings.server.docs
     app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
@@ -200,7 +200,7 @@ def create_app(
     @app.get("/readyz")
     async def readyz(request: Request) -> dict[str, str]:
         services: Services = request.app.state.services
-        await run_in_threadpool(services.store.ping)
+        await off_loop(services.store.ping)
         if isinstance(services.limiter, RedisRateLimiter):
             await services.limiter.ping()
         return {"status": "ready"}

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
-from starlette.concurrency import run_in_threadpool
 
 from gateway.config import BudgetSettings, LimitSettings, Settings, TenantSettings, key_digest
 from gateway.errors import AuthenticationFailed
 from gateway.key_cache import DatabaseKeys
+from gateway.threads import off_loop
 from storage.api_keys import ApiKeyRecord
 
 API_KEY_PREFIX = "gw-"  # keys made through the API; only these are looked up in the database
@@ -97,7 +97,7 @@ class KeyRing:
             return found
         digest = key_digest(key)
         known, record = self.database.cached(digest)
-        return self._made(record if known else await run_in_threadpool(self.database.load, digest))
+        return self._made(record if known else await off_loop(self.database.load, digest))
 
     def _made(self, record: ApiKeyRecord | None) -> Principal | None:
         """The principal of a made key under the running config; 401 if revoked or expired."""

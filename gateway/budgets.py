@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from starlette.concurrency import run_in_threadpool
 
 from gateway.auth import Principal
 from gateway.config import BudgetSettings
 from gateway.errors import BudgetExceeded
+from gateway.threads import off_loop
 from storage.records import RecordStore
 from storage.spend import SpendCounters
 
@@ -103,7 +103,7 @@ class Budgets:
     async def _seed(self, budget: _Budget, now: datetime) -> float:
         """The period's recorded spend, from the database, as the counter's start (unless another
         replica set it meanwhile: then its value)."""
-        recorded = await run_in_threadpool(self._store.spend_since, budget.period.start, budget.tenant,
+        recorded = await off_loop(self._store.spend_since, budget.period.start, budget.tenant,
                                            budget.api_key_id)
         ttl = int((budget.period.reset - now).total_seconds()) + _TTL_MARGIN_SECONDS
         await self.counters.seed(budget.counter, recorded, ttl)

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Protocol
 
-from starlette.concurrency import run_in_threadpool
-
 from gateway.rehydration import Rehydrator
 from gateway.streaming import StreamAccumulator
+from gateway.threads import off_loop
 from gateway.tracing import OFF, Tracing
 from gateway.upstream import UpstreamClient, UpstreamRequest
 from gateway.errors import GatewayError
@@ -119,7 +118,7 @@ class Conversation:
         decided = len(rehydrator.decisions)
         with self.tracing.span("gateway.rehydration", {"gateway.rehydration.round": rehydrator.rounds,
                                                        "gateway.rehydration.calls": len(calls)}) as span:
-            answers = [await run_in_threadpool(rehydrator.answer, call) for call in calls]
+            answers = [await off_loop(rehydrator.answer, call) for call in calls]
             decisions = rehydrator.decisions[decided:]
             span.set_attributes({
                 "gateway.rehydration.artifact_ids": [str(d.get("artifact_id")) for d in decisions

@@ -8,9 +8,9 @@ import time
 from datetime import datetime, timezone
 from typing import Callable
 
-from starlette.concurrency import run_in_threadpool
 
 from gateway.config import ServerSettings, Settings
+from gateway.threads import off_loop
 from storage.records import RecordStore
 from storage.retention import GcReport, run_gc
 
@@ -62,7 +62,7 @@ class Housekeeping:
         return report
 
     async def run_once(self) -> None:
-        await run_in_threadpool(self._once)
+        await off_loop(self._once)
 
     async def run_forever(self) -> None:
         while True:

@@ -24,7 +24,7 @@ from litellm.litellm_core_utils.exception_mapping_utils import exception_type
 from litellm.litellm_core_utils.llm_response_utils.convert_dict_to_response import convert_to_model_response_object
 from litellm.litellm_core_utils.core_helpers import map_finish_reason
 from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig, OpenAIUnknownModelConfig, _prompt_cache_options
-from litellm.llms.openai.common_utils import OpenAIError, upstream_error_response
+from litellm.llms.openai.common_utils import BaseOpenAILLM, OpenAIError, upstream_error_response
 
 from gateway.direct_chat import DirectCall, EndedWithoutFinish, ErrorEvent, Repetition
 from gateway.errors import UpstreamError
@@ -292,6 +292,16 @@ def _openai_error(error: Exception) -> OpenAIError:
                           response=upstream_error_response(error), headers=headers, body=getattr(error, "body", None))
     wrapped.__context__ = error
     return wrapped
+
+
+def openai_http_client() -> httpx.AsyncClient:
+    """The HTTP client LiteLLM's OpenAI handler gives the openai SDK: `litellm.aclient_session` when set,
+    else an httpx client over LiteLLM's aiohttp transport (or over httpx's own when LiteLLM is told
+    not to use aiohttp), with its SSL and proxy settings. The direct transport posts through it, so
+    both paths reach a deployment over the same stack."""
+    client = BaseOpenAILLM._get_async_http_client()
+    assert client is not None  # None only for a sync-only configuration LiteLLM does not make here
+    return client
 
 
 class OpenAIDirectCodec:

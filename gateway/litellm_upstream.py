@@ -22,15 +22,13 @@ import json
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Mapping
 
-from litellm.llms.custom_httpx.http_handler import get_ssl_configuration
-from starlette.concurrency import run_in_threadpool
-
 from gateway import tool_additions
 from gateway.direct_chat import DirectCall, DirectChat
 from gateway.errors import UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
 from gateway.litellm_base import PRICING_KEYS, litellm, map_error
-from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_request
+from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_http_client, openai_request
 from gateway.litellm_messages import MessageMemo
+from gateway.threads import off_loop
 from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest
 from storage.canonical import compact_json_bytes
 
@@ -161,7 +159,7 @@ class LiteLLMUpstream:
 
     def __init__(self, direct_transport: bool | None = None) -> None:
         wanted = direct_wanted() if direct_transport is None else direct_transport
-        self._direct = DirectChat(OpenAIDirectCodec(), verify=get_ssl_configuration()) if wanted else None
+        self._direct = DirectChat(OpenAIDirectCodec(), openai_http_client) if wanted else None
         self._memo = MessageMemo()  # LiteLLM's preparation of messages and params seen before (direct transport)
         self._without_tool_changes: set[str] = set()  # deployments that refused mid-conversation tool changes
 
@@ -365,7 +363,7 @@ class LiteLLMUpstream:
         on the event loop would stall every other request (bench/direct_prep.py times it)."""
         if len(request.body.get("messages") or ()) < _OFF_LOOP_MESSAGES:
             return self._direct_call(request, stream)
-        return await run_in_threadpool(self._direct_call, request, stream)
+        return await off_loop(self._direct_call, request, stream)
 
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
         call = await self._direct_call_built(request, stream=False)

@@ -6,13 +6,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from starlette.concurrency import run_in_threadpool
-
 from gateway import passthrough, pipeline
 from gateway.errors import ModelNotFound, NotFound, PermissionDenied
 from gateway.run_recorder import outcomes_written
 from gateway.responses_forwarding import request_id_for
 from gateway.services import PrincipalDep, ServicesDep
+from gateway.threads import off_loop
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
 from gateway.wire.openai_chat import OPENAI_CHAT
 from gateway.wire.openai_responses import OPENAI_RESPONSES
@@ -48,7 +47,7 @@ async def responses(request: Request, services: ServicesDep) -> Response:
 async def _stored_response(services: ServicesDep, principal: PrincipalDep, response_id: str) -> tuple[str, dict[str, Any]]:
     request_id = request_id_for(response_id)
     await outcomes_written()  # a response just sent may not be recorded yet
-    record = await run_in_threadpool(services.store.get_run, request_id, principal.scope()) if request_id else None
+    record = await off_loop(services.store.get_run, request_id, principal.scope()) if request_id else None
     response = record.run.get("response") if record and record.run.get("wire_format") == "openai.responses" else None
     if not response or response.get("store") is False:
         raise NotFound(f"No response with id '{response_id}'.", param="response_id", code="response_not_found")
@@ -67,7 +66,7 @@ async def delete_response(response_id: str, principal: PrincipalDep, services: S
     tenant = principal.scope()
     if tenant is None:
         raise PermissionDenied("an admin key reads responses; deleting one needs its tenant's key")
-    await run_in_threadpool(services.store.forget_response, tenant, request_id)
+    await off_loop(services.store.forget_response, tenant, request_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 

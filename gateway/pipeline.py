@@ -14,7 +14,6 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
 from gateway import forwarding, messages_forwarding, responses_forwarding
 from gateway.auth import Principal, authenticate_async
@@ -35,6 +34,7 @@ from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, internal_error, outcomes_written
 from gateway.services import Services
+from gateway.threads import off_loop
 from gateway.upstream import Attempt, UpstreamRequest
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
@@ -293,7 +293,7 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
 
 async def _parse(wire: WireFormat, raw: bytes) -> NeutralRequest:
     if len(raw) > _OFF_LOOP_BYTES:
-        return await run_in_threadpool(wire.parse, raw)
+        return await off_loop(wire.parse, raw)
     return wire.parse(raw)
 
 
@@ -307,14 +307,14 @@ async def continued(services: Services, tenant: str, neutral: NeutralRequest) ->
     previous = neutral.previous_response_id or ""
     request_id = request_id_for(previous)
     await outcomes_written()  # the answer it names may have been sent a moment before its record
-    record = await run_in_threadpool(services.store.get_run, request_id, tenant) if request_id else None
+    record = await off_loop(services.store.get_run, request_id, tenant) if request_id else None
     response = (record.run.get("response") or {}) if record else {}
     if record is None or not response or record.run.get("wire_format") != "openai.responses" \
             or not response.get("store", True) \
             or record.run.get("status") != "ok":
         raise InvalidRequest(f"Previous response with id '{previous}' not found.", param="previous_response_id",
                              code="previous_response_not_found")
-    earlier = await run_in_threadpool(services.store.path_messages, record.run["leaf_node_id"])
+    earlier = await off_loop(services.store.path_messages, record.run["leaf_node_id"])
     earlier = [{k: v for k, v in m.items() if k != "artifact_id"} for m in earlier]
     if earlier and earlier[0].get("role") == "system" and "responses_item" not in earlier[0]:
         earlier = earlier[1:]  # the earlier request's instructions
@@ -338,10 +338,10 @@ async def count_tokens(request: Request, services: Services, wire: AnthropicMess
     principal = await tenant_principal(request, services)
     assert principal.tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
-    neutral = await run_in_threadpool(wire.parse_count, raw)
+    neutral = await off_loop(wire.parse_count, raw)
     model = model_for(services, principal.tenant, neutral.model)
     policy = services.policies[principal.tenant.id]
-    return await run_in_threadpool(projected_tokens, policy, model, principal.tenant.id, neutral, services.clock())
+    return await off_loop(projected_tokens, policy, model, principal.tenant.id, neutral, services.clock())
 
 
 async def handle(request: Request, services: Services, wire: WireFormat) -> Response:
@@ -364,7 +364,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         # One trip to a worker thread: placing the messages, capturing them, assembling the projection.
         midway = _midway_tool(wire, policy, model, neutral)
         foresee = isinstance(wire, AnthropicMessages) and policy.cache_markers
-        ingest, projection, records, record = await run_in_threadpool(
+        ingest, projection, records, record = await off_loop(
             _capture_and_project, services, recorder, policy, model, tenant.id, neutral, midway, foresee)
         recorder.accounting = Accounting(
             prices=services.upstream.prices(model.litellm_params),

@@ -20,7 +20,6 @@ from dataclasses import replace
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import anyio
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -32,6 +31,7 @@ from gateway.errors import GatewayError, InternalError
 from gateway.forwarding import Completion
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Accounting
+from gateway.threads import off_loop
 from gateway.upstream import Attempt
 from policies.transcript import PathNode
 from storage.record_types import AssemblyRecord, IngestResult, RunOutcome, RunStart
@@ -84,7 +84,7 @@ class RunRecorder:
 
     async def ingest(self, path: Sequence[PathNode]) -> IngestResult:
         """Capture the request and open its run (durably, before anything is forwarded)."""
-        return await run_in_threadpool(self.ingest_here, path)
+        return await off_loop(self.ingest_here, path)
 
     def ingest_here(self, path: Sequence[PathNode]) -> IngestResult:
         """`ingest` on the calling thread (a worker thread: it waits for the store)."""
@@ -94,7 +94,7 @@ class RunRecorder:
 
     async def open(self) -> None:
         """Open a run that carries no transcript (embeddings, completions): recorded as pending first."""
-        await run_in_threadpool(self.store.open_run, self.start)
+        await off_loop(self.store.open_run, self.start)
         self.opened = True
 
     def forwarding(self) -> None:
@@ -110,7 +110,7 @@ class RunRecorder:
         self.outcome = outcome
         try:
             with anyio.CancelScope(shield=True):  # a cancelled request still records its end
-                await run_in_threadpool(self.store.finish_run, self.start.request_id, outcome, self.assembly)
+                await off_loop(self.store.finish_run, self.start.request_id, outcome, self.assembly)
         except Exception:  # the store is down: the run stays pending until the next start settles it
             log.exception("could not record the outcome of run %s", self.start.request_id)
         else:

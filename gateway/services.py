@@ -37,7 +37,7 @@ class Services:
     tracing: Tracing = OFF  # spans of model requests (gateway/tracing.py)
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
     return request.app.state.services
 
 

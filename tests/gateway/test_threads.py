@@ -1,0 +1,95 @@
+"""`off_loop` (gateway/threads.py): what the request path relies on from a worker-thread hand-off."""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+
+from gateway import threads
+from gateway.threads import off_loop
+
+REQUEST = contextvars.ContextVar("request", default=None)
+
+
+async def test_the_call_runs_on_a_worker_thread_and_returns_its_value() -> None:
+    loop_thread = threading.get_ident()
+    value, thread = await off_loop(lambda a, b: (a + b, threading.get_ident()), 2, 3)
+    assert value == 5 and thread != loop_thread
+
+
+async def test_the_call_sees_the_callers_context_and_cannot_change_it() -> None:
+    REQUEST.set("req_1")
+
+    def inside() -> str | None:
+        seen = REQUEST.get()
+        REQUEST.set("changed in the thread")
+        return seen
+
+    assert await off_loop(inside) == "req_1"
+    assert REQUEST.get() == "req_1"
+
+
+async def test_its_exception_reaches_the_caller() -> None:
+    def fails() -> None:
+        raise KeyError("stored nothing")
+
+    with pytest.raises(KeyError, match="stored nothing"):
+        await off_loop(fails)
+
+
+async def test_a_cancelled_caller_waits_for_the_running_call_to_finish() -> None:
+    started, finished = threading.Event(), threading.Event()
+
+    def write() -> None:
+        started.set()
+        time.sleep(0.3)
+        finished.set()
+
+    task = asyncio.create_task(off_loop(write))
+    while not started.is_set():
+        await asyncio.sleep(0.005)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    task.cancel()  # a second cancellation does not let it go either
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished.is_set()  # the cancellation went on only once the write was done
+
+
+async def test_a_call_cancelled_before_it_starts_never_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    monkeypatch.setattr(threads, "_POOL", pool)
+    release, ran = threading.Event(), []
+    blocker = asyncio.create_task(off_loop(release.wait))
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(off_loop(ran.append, "ran"))
+    await asyncio.sleep(0.05)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    release.set()
+    await blocker
+    pool.shutdown(wait=True)
+    assert ran == []
+
+
+async def test_at_most_max_threads_calls_run_at_once() -> None:
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def busy() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+
+    await asyncio.gather(*(off_loop(busy) for _ in range(threads.MAX_THREADS * 2)))
+    assert 1 < most <= threads.MAX_THREADS
