@@ -48,6 +48,8 @@ from storage.spend import MemorySpendCounters, RedisSpendCounters, SpendCounters
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
+GC_YOUNG_OBJECTS = 20_000  # the collector's first threshold while serving (Python's default: 700)
+
 
 def build_blob_store(settings: Settings) -> BlobStore:
     blobs = settings.storage.blobs
@@ -159,9 +161,16 @@ def create_app(
         # 1,000-message request spends noticeably less time in the collector).
         gc.collect()
         gc.freeze()
+        # And the collector runs every GC_YOUNG_OBJECTS container allocations instead of every 700: a
+        # 1,000-message request allocates tens of thousands, and under load at 20 clients the default
+        # spent 3.9 s of 18 in the collector (gc.callbacks), 0.7 s at this threshold; the gateway's
+        # CPU per request went from 106 to 93 ms. Garbage without cycles is freed at once either way.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG_OBJECTS, 20, 20)
         try:
             yield
         finally:
+            gc.set_threshold(*thresholds)
             beating.cancel()
             if watching is not None:
                 watching.cancel()

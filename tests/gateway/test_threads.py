@@ -1,15 +1,21 @@
-"""`off_loop` (gateway/threads.py): what the request path relies on from a worker-thread hand-off."""
+"""`off_loop` (gateway/threads.py): what the request path relies on from a worker-thread hand-off; and
+the collector's threshold while the app serves (gateway/app.py)."""
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from gateway import threads
+from gateway.app import GC_YOUNG_OBJECTS, create_app
 from gateway.threads import off_loop
+from tests.conftest import settings_for
+from tests.fake_upstream import FakeUpstream
 
 REQUEST = contextvars.ContextVar("request", default=None)
 
@@ -93,3 +99,13 @@ async def test_at_most_max_threads_calls_run_at_once() -> None:
 
     await asyncio.gather(*(off_loop(busy) for _ in range(threads.MAX_THREADS * 2)))
     assert 1 < most <= threads.MAX_THREADS
+
+
+async def test_serving_raises_the_collectors_first_threshold_and_stopping_restores_it(
+        fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> None:
+    before = gc.get_threshold()
+    app = create_app(settings_for(fake.api_base, sqlite_url, tmp_path))
+    async with app.router.lifespan_context(app):
+        assert gc.get_threshold() == (GC_YOUNG_OBJECTS, 20, 20)
+        assert GC_YOUNG_OBJECTS > before[0]
+    assert gc.get_threshold() == before
