@@ -58,11 +58,12 @@ def _surrogate(loc: tuple[Any, ...]) -> InvalidRequest:
 _BIG_INTEGER = float(2 ** 63)
 
 
-def _plainly_parsed(value: Any, limit: int = MAX_DEPTH - 1) -> bool:
+def _plainly_parsed(value: Any, limit: int = MAX_DEPTH - 1, left: Any = None) -> bool:
     """Whether orjson's parse of a body is what `json.loads` gives and is shallow enough, checked by a
     walk over containers only (strings need no look: orjson refuses lone surrogates): nested at most
     `limit` levels, and no float that may have been an integer literal past 64 bits (orjson reads
-    those as floats, `json.loads` as ints)."""
+    those as floats, `json.loads` as ints). The items of the container `left` (by identity) are not
+    looked at: the caller checks them (`plain_item`)."""
     level, depth = [value], 0
     while level:
         depth += 1
@@ -70,6 +71,8 @@ def _plainly_parsed(value: Any, limit: int = MAX_DEPTH - 1) -> bool:
             return False
         deeper = []
         for container in level:
+            if container is left:
+                continue
             for item in (container.values() if type(container) is dict else container):
                 kind = type(item)
                 if kind is dict or kind is list:
@@ -94,6 +97,34 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         if type(body) is dict and _plainly_parsed(body):
             return body
     return _parse_slowly(raw)
+
+
+def parse_json_object_but(raw: bytes, key: str) -> tuple[dict[str, Any], list[Any] | None]:
+    """`parse_json_object`, except that where orjson reads the body and its `key` is a list, that
+    list's items are left unchecked and the list is returned with the body: the caller checks the
+    items it needs to with `plain_item` (a chat request's messages: those seen before need no look,
+    gateway/wire/openai_chat.py), and must parse with `parse_json_object` when one is not plain.
+    Otherwise the list is None and everything was checked."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if type(body) is dict:
+            items = body.get(key)
+            left = items if type(items) is list else None
+            if _plainly_parsed(body, left=left):
+                return body, left
+    return _parse_slowly(raw), None
+
+
+def plain_item(item: Any) -> bool:
+    """`_plainly_parsed` for an item of the list `parse_json_object_but` left, as deep in the body as
+    a list item under a top-level key."""
+    kind = type(item)
+    if kind is dict or kind is list:
+        return _plainly_parsed(item, MAX_DEPTH - 3)
+    return not (kind is float and abs(item) >= _BIG_INTEGER and item.is_integer())
 
 
 def _parse_slowly(raw: bytes) -> dict[str, Any]:

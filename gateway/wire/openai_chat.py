@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.wire import NeutralRequest
-from gateway.wire.json_body import check_text, param_path, parse_json_object
+from gateway.wire.json_body import check_text, param_path, parse_json_object, parse_json_object_but, plain_item
 from gateway.wire.seen_messages import MIN_MESSAGES, SeenMessages, message_digests
 from policies.protocol import orphan_tool_messages
 
@@ -129,16 +129,28 @@ def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]], indices:
         raise InvalidRequest(f"{param}: {reason}", param=param, code="invalid_tool_message")
 
 
-def parse_chat_body(body: dict[str, Any]) -> NeutralRequest:
+def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
+                    raw: bytes | None = None) -> NeutralRequest:
     """A parsed body checked as a chat completion request: the messages it holds that passed before
-    (gateway/wire/seen_messages.py) are not checked again, and their digests go on with the request."""
+    (gateway/wire/seen_messages.py) are not checked again, and their digests go on with the request.
+
+    `unread`: the body's messages, when `parse_json_object_but` left them unchecked (then `raw` is the
+    body): those not seen before are checked here, and the body is parsed again by `parse_json_object`
+    if one is not as `json.loads` reads it. A message is remembered only when orjson's reading of it was
+    checked (a message read by `json.loads` may hold an integer past 64 bits that orjson reads as the
+    same float it holds), so a message seen before is plain too: the same JSON, in the same place."""
     messages = body.get("messages")
     digests: list[bytes | None] | None = None
     indices: Sequence[int] = range(len(messages)) if isinstance(messages, list) else ()
     validated = body
+    if unread is not None and not (isinstance(messages, list) and len(messages) >= MIN_MESSAGES) \
+            and not all(map(plain_item, unread)):
+        return parse_chat_body(parse_json_object(raw or b""))
     if isinstance(messages, list) and len(messages) >= MIN_MESSAGES:
         digests = message_digests(messages)
         unseen = _SEEN.unseen(digests) or [len(messages) - 1]  # the body's schema wants one message
+        if unread is not None and not all(plain_item(messages[i]) for i in unseen):
+            return parse_chat_body(parse_json_object(raw or b""))
         if len(unseen) < len(messages):
             indices = unseen
             validated = {**body, "messages": [messages[i] for i in unseen]}
@@ -159,7 +171,7 @@ def parse_chat_body(body: dict[str, Any]) -> NeutralRequest:
                                  param=f"tools[{index}].function")
     messages = body["messages"]
     _check_messages(checked, messages, indices)
-    if digests is not None:
+    if digests is not None and unread is not None:
         _SEEN.passed(digests, indices)
     options = body.get("stream_options")
     return NeutralRequest(
@@ -188,7 +200,7 @@ class OpenAIChat:
     upstream = "chat"
 
     def parse(self, raw: bytes) -> NeutralRequest:
-        return parse_chat_body(parse_json_object(raw))
+        return parse_chat_body(*parse_json_object_but(raw, "messages"), raw)
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
                       stable: Sequence[int] = ()) -> dict[str, Any]:

@@ -156,3 +156,78 @@ def _chat_outcome(raw: bytes) -> tuple:
     except InvalidRequest as error:
         return ("error", error.message, error.param)
     return ("ok", request.model, request.messages, request.stream)
+
+
+def _reference(raw: bytes) -> tuple:
+    """The chat outcome with `json.loads`'s reading and nothing seen before."""
+    from gateway.wire import openai_chat
+    from gateway.wire.seen_messages import SeenMessages
+
+    kept, openai_chat._SEEN = openai_chat._SEEN, SeenMessages()
+    try:
+        try:
+            request = openai_chat.parse_chat_body(_parse_slowly(raw))
+        except InvalidRequest as error:
+            return ("error", error.message, error.param)
+        return ("ok", request.model, repr(request.messages), request.stream)
+    finally:
+        openai_chat._SEEN = kept
+
+
+def _chat_reading(raw: bytes) -> tuple:
+    outcome = _chat_outcome(raw)
+    return (*outcome[:2], repr(outcome[2]), outcome[3]) if outcome[0] == "ok" else outcome
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "deep"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+numbers = st.one_of(st.integers(min_value=-(2 ** 70), max_value=2 ** 70),
+                    st.floats(allow_nan=False, allow_infinity=False),
+                    st.sampled_from([1e19, 1e20, -1e20, 2.0 ** 64, 2 ** 63, 2 ** 64, 2 ** 64 - 1, -(2 ** 63) - 1]))
+odd_messages = st.one_of(
+    messages,
+    st.builds(lambda n: {"role": "user", "content": "x", "extra": n}, numbers),
+    st.builds(lambda d: {"role": "user", "content": "x", "extra": _nested(d)}, st.integers(55, 66)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(odd_messages, min_size=1, max_size=2), min_size=1, max_size=4))
+def test_chat_bodies_read_as_json_loads_reads_them_whatever_was_seen_before(tails: list) -> None:
+    """The messages of a chat body are read by orjson and looked at only where not seen before
+    (gateway/wire/json_body.py `parse_json_object_but`); whatever came before, each body's outcome (its
+    value, 1 and 1.0 apart, or its error and where) is the one `json.loads` and a fresh check give."""
+    from gateway.wire import openai_chat
+    from gateway.wire.seen_messages import SeenMessages
+
+    openai_chat._SEEN = SeenMessages()
+    for n in range(len(tails)):
+        raw = _long_body([m for tail in tails[: n + 1] for m in tail])
+        assert _chat_reading(raw) == _reference(raw)
+
+
+def test_a_float_seen_before_is_not_taken_for_an_integer_literal() -> None:
+    """orjson reads `1e+20` and `100000000000000000000` (past 64 bits) as the same float, `json.loads` the
+    second as an integer: a message seen with the float must not make the integer's message one seen before."""
+    from gateway.wire import openai_chat
+    from gateway.wire.seen_messages import SeenMessages
+
+    openai_chat._SEEN = SeenMessages()
+    after = {"role": "assistant", "content": "the last message, which is always looked at"}
+    as_float = _long_body([{"role": "user", "content": "x", "extra": 1e20}, after])
+    assert b"1e+20" in as_float
+    for _ in range(2):
+        assert repr(_chat_outcome(as_float)[2][-2]["extra"]) == "1e+20"
+    as_integer = as_float.replace(b"1e+20", b"100000000000000000000")
+    extra = _chat_outcome(as_integer)[2][-2]["extra"]
+    assert extra == 10 ** 20 and type(extra) is int
+
+
+def test_a_message_nested_too_deep_after_a_seen_prefix_is_a_400_naming_it() -> None:
+    assert _chat_outcome(_long_body([]))[0] == "ok"
+    outcome = _chat_outcome(_long_body([{"role": "user", "content": "x", "extra": _nested(70)}]))
+    assert outcome[0] == "error" and outcome[2].startswith("messages[18].extra"), outcome
