@@ -17,6 +17,7 @@ import zlib
 from datetime import datetime, timedelta
 from typing import Any, Mapping, NamedTuple, Sequence
 
+import orjson
 from sqlalchemy import Connection, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import DataError, IntegrityError
 
@@ -386,9 +387,13 @@ class Capture(StoreBase):
     ) -> tuple[dict[str, float], dict[str, str]]:
         observed: dict[str, float] = {}
         owners: dict[str, str] = {}
-        if connection.dialect.name == "sqlite":  # one JSON parameter: no statement built per id count
-            for artifact_id, moment, owner in connection.execute(_ARTIFACT_FACTS_SQLITE,
-                                                                 {"ids": json.dumps(artifact_ids)}):
+        if connection.dialect.name == "sqlite":
+            # One JSON parameter (no statement built per id count), and the rows fetched by the driver
+            # in one call: through SQLAlchemy's result, each of a 1,000-message path's ~500 rows cost
+            # more than SQLite took to find it. The same connection, so the same transaction.
+            cursor = connection.connection.driver_connection.execute(  # type: ignore[union-attr]
+                _ARTIFACT_FACTS_SQLITE.text, {"ids": orjson.dumps(artifact_ids).decode()})
+            for artifact_id, moment, owner in cursor.fetchall():
                 observed[artifact_id] = _sqlite_moment(moment)
                 owners[artifact_id] = owner
             return observed, owners
