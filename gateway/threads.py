@@ -1,8 +1,8 @@
 """Blocking work off the event loop, on the gateway's own thread pool (issue 11).
 
 Starlette's `run_in_threadpool` goes through anyio (a capacity limiter, cancel scopes, run-vars,
-sniffio): profiled under load at 20 clients, its hand-offs took about a tenth of the event loop's
-time for the five a request makes. `off_loop` hands the call to a `ThreadPoolExecutor` through the
+sniffio): profiled with py-spy under load at 20 clients, the five hand-offs a request made took about
+a tenth of the process's samples. `off_loop` hands the call to a `ThreadPoolExecutor` through the
 loop itself and keeps what the request path relies on from anyio's:
 
 * the call sees the caller's context variables (tracing spans, the request id);
