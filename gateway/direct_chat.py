@@ -9,7 +9,8 @@ headers, the body (built by LiteLLM's own transformation functions), how an answ
 how every failure reads. Both paths therefore send the same bytes and give the client the same
 objects.
 
-What lives here: the pooled client (keep-alive, no retries, the request's own timeout), SSE
+What lives here: the exchange over a pooled client, one per event loop (the one LiteLLM's OpenAI
+handler makes, over its aiohttp transport; no retries, the request's own timeout), SSE
 framing as the openai SDK decodes it, and `ChunkStream`, which applies to OpenAI chunks what
 LiteLLM's stream wrapper applies to them (role on the first chunk, empty deltas dropped, the
 finish chunk on its own, usage held for one closing chunk, ...), since that wrapper cannot run
