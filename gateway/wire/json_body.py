@@ -89,22 +89,15 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     orjson parses at C speed what it can read exactly as `json.loads` does; anything else (a defect, a
     lone surrogate, NaN, a huge number, deep nesting, a byte order mark) takes the path below, whose
     answer, value or error, is the one given."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
-    else:
-        if type(body) is dict and _plainly_parsed(body):
-            return body
-    return _parse_slowly(raw)
+    return parse_json_object_but(raw, None)[0]
 
 
-def parse_json_object_but(raw: bytes, key: str) -> tuple[dict[str, Any], list[Any] | None]:
+def parse_json_object_but(raw: bytes, key: str | None) -> tuple[dict[str, Any], list[Any] | None]:
     """`parse_json_object`, except that where orjson reads the body and its `key` is a list, that
     list's items are left unchecked and the list is returned with the body: the caller checks the
     items it needs to with `plain_item` (a chat request's messages: those seen before need no look,
     gateway/wire/openai_chat.py), and must parse with `parse_json_object` when one is not plain.
-    Otherwise the list is None and everything was checked."""
+    Otherwise (and for `key` None) the list is None and everything was checked."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
