@@ -5,6 +5,7 @@ import asyncio
 import gc
 import os
 import signal
+import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,6 +50,32 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 GC_YOUNG_OBJECTS = 20_000  # the collector's first threshold while serving (Python's default: 700)
+
+
+class _ServingCollector:
+    """The collector's thresholds while at least one app of the process serves (the thresholds are the
+    process's: several apps, as in the tests, share them); the earlier ones once the last app stops."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._apps = 0
+        self._before: tuple[int, int, int] | None = None
+
+    def serving(self) -> None:
+        with self._lock:
+            if self._apps == 0:
+                self._before = gc.get_threshold()
+                gc.set_threshold(GC_YOUNG_OBJECTS, 20, 20)
+            self._apps += 1
+
+    def stopped(self) -> None:
+        with self._lock:
+            self._apps -= 1
+            if self._apps == 0 and self._before is not None:
+                gc.set_threshold(*self._before)
+
+
+_COLLECTOR = _ServingCollector()
 
 
 def build_blob_store(settings: Settings) -> BlobStore:
@@ -165,12 +192,11 @@ def create_app(
         # 1,000-message request allocates tens of thousands, and under load at 20 clients the default
         # spent 3.9 s of 18 in the collector (gc.callbacks), 0.7 s at this threshold; the gateway's
         # CPU per request went from 106 to 93 ms. Garbage without cycles is freed at once either way.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(GC_YOUNG_OBJECTS, 20, 20)
+        _COLLECTOR.serving()
         try:
             yield
         finally:
-            gc.set_threshold(*thresholds)
+            _COLLECTOR.stopped()
             beating.cancel()
             if watching is not None:
                 watching.cancel()

@@ -101,11 +101,17 @@ async def test_at_most_max_threads_calls_run_at_once() -> None:
     assert 1 < most <= threads.MAX_THREADS
 
 
-async def test_serving_raises_the_collectors_first_threshold_and_stopping_restores_it(
+async def test_serving_raises_the_collectors_first_threshold_and_the_last_app_to_stop_restores_it(
         fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> None:
-    before = gc.get_threshold()
-    app = create_app(settings_for(fake.api_base, sqlite_url, tmp_path))
-    async with app.router.lifespan_context(app):
-        assert gc.get_threshold() == (GC_YOUNG_OBJECTS, 20, 20)
-        assert GC_YOUNG_OBJECTS > before[0]
+    before = gc.get_threshold()  # raised already if another test's gateway still serves
+    first = create_app(settings_for(fake.api_base, sqlite_url, tmp_path / "first"))
+    second = create_app(settings_for(fake.api_base, f"sqlite:///{tmp_path / 'second.db'}", tmp_path / "second"))
+    serving_first, serving_second = first.router.lifespan_context(first), second.router.lifespan_context(second)
+    await serving_first.__aenter__()
+    assert gc.get_threshold() == (GC_YOUNG_OBJECTS, 20, 20)
+    await serving_second.__aenter__()
+    await serving_first.__aexit__(None, None, None)
+    assert gc.get_threshold() == (GC_YOUNG_OBJECTS, 20, 20)  # the second one still serves
+    await serving_second.__aexit__(None, None, None)
     assert gc.get_threshold() == before
+    assert GC_YOUNG_OBJECTS > 700  # Python's default first threshold
