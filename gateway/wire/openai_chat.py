@@ -143,17 +143,14 @@ def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
     digests: list[bytes | None] | None = None
     indices: Sequence[int] = range(len(messages)) if isinstance(messages, list) else ()
     validated = body
-    if unread is not None and not (isinstance(messages, list) and len(messages) >= MIN_MESSAGES) \
-            and not all(map(plain_item, unread)):
-        return parse_chat_body(parse_json_object(raw or b""))
     if isinstance(messages, list) and len(messages) >= MIN_MESSAGES:
         digests = message_digests(messages)
         unseen = _SEEN.unseen(digests) or [len(messages) - 1]  # the body's schema wants one message
-        if unread is not None and not all(plain_item(messages[i]) for i in unseen):
-            return parse_chat_body(parse_json_object(raw or b""))
         if len(unseen) < len(messages):
             indices = unseen
             validated = {**body, "messages": [messages[i] for i in unseen]}
+    if unread is not None and not all(plain_item(unread[i]) for i in indices):  # the messages checked below
+        return parse_chat_body(parse_json_object(raw or b""))
     try:
         checked = _ChatBody.model_validate(validated)
     except ValidationError as exc:
