@@ -12,7 +12,7 @@ so whatever a proxy adds is the proxy):
                                 from its own venv at bench/.litellm-proxy-venv (pip-installed if missing);
   gateway-<policy>-<storage>    `gateway serve`, policies passthrough and coding-agent, on a fresh
                                 SQLite file, and on a fresh PostgreSQL schema with --postgres URL.
-Each gateway and proxy row gets a fresh process (and database), one worker unless --workers N.
+Each gateway and proxy gets a fresh process (and database) per transcript, one worker unless --workers N.
 
 Transcripts (each request carries the whole of it, as agents send it, `model: fake`):
 synthetic coding-agent sessions of 100 and 1,000 messages (read_file, grep,
@@ -27,7 +27,11 @@ Per target and transcript:
              flipped every other pair): median of target - direct; p95 and p99 of the
              target's own latency (--requests after --warmup);
   load       20 and 50 concurrent keep-alive clients for --duration seconds after a short
-             warmup: requests/s and p95; any non-200 answer or transport error is an error;
+             warmup: requests/s and p95; any non-200 answer or transport error is an error.
+             The targets of a transcript are all up during the loads and take turns, in
+             --load-windows windows (in order, then in reverse, ...): on a shared machine whose
+             speed drifts by 10-20% from minute to minute, and against a proxy whose throughput
+             swings between 5-second windows, rows measured minutes apart do not compare;
   startup    spawn until the first successful chat completion;
   RSS        VmRSS of the process and its children after the load.
 The load generator runs in this process, on the same CPUs as the servers.
@@ -51,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
@@ -532,27 +536,26 @@ async def _drive(clients: list[httpx.AsyncClient], transcript: Transcript, round
     return latencies, errors, time.perf_counter() - start
 
 
-async def _load(target: Server, transcript: Transcript, rounds: Iterator[int], clients: int, seconds: float,
-                warmup: float) -> dict[str, Any]:
+async def _window(target: Server, transcript: Transcript, rounds: Iterator[int], clients: int, seconds: float,
+                  warmup: float) -> tuple[list[float], list[str], float]:
     # One AsyncClient (one keep-alive connection) per simulated client: a shared pool of 50
     # costs httpx several times the CPU per request, CPU the servers on this machine need.
     one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     pool = [httpx.AsyncClient(base_url=target.api_base, headers=target.headers, timeout=120, limits=one,
                               trust_env=False) for _ in range(clients)]
     try:
-        await _drive(pool, transcript, rounds, warmup)
-        latencies, errors, elapsed = await _drive(pool, transcript, rounds, seconds)
+        if warmup > 0:
+            await _drive(pool, transcript, rounds, warmup)
+        return await _drive(pool, transcript, rounds, seconds)
     finally:
         await asyncio.gather(*(client.aclose() for client in pool))
-    return {"clients": clients, "seconds": elapsed, "ok": len(latencies), "errors": len(errors),
-            "first_error": errors[0] if errors else None, "rps": len(latencies) / elapsed,
-            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95)}
 
 
-def load(target: Server, transcript: Transcript, rounds: Iterator[int], clients: int, seconds: float,
-         warmup: float) -> dict[str, Any]:
-    """Throughput and latency under `clients` concurrent keep-alive clients (uvloop when installed)."""
-    coroutine = _load(target, transcript, rounds, clients, seconds, warmup)
+def load_window(target: Server, transcript: Transcript, rounds: Iterator[int], clients: int, seconds: float,
+                warmup: float) -> tuple[list[float], list[str], float]:
+    """`clients` concurrent keep-alive clients for `seconds` after `warmup` unmeasured seconds (uvloop when
+    installed): the latencies of the 200s, the errors, the seconds it took."""
+    coroutine = _window(target, transcript, rounds, clients, seconds, warmup)
     try:
         import uvloop
     except ImportError:
@@ -560,35 +563,85 @@ def load(target: Server, transcript: Transcript, rounds: Iterator[int], clients:
     return uvloop.run(coroutine)
 
 
-def measure(spec: TargetSpec, upstream: Server, transcript: Transcript, rounds: Iterator[int],
-            args: argparse.Namespace) -> dict[str, Any]:
-    """One row: start the target (fresh), the sequential pairs, the loads, its RSS; stop it."""
-    row: dict[str, Any] = {"target": spec.name, "transcript": transcript.name,
-                           "messages": len(transcript.messages), "body_kib": len(transcript.head) / 1024}
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"proxy-compare-{spec.name}-") as tmp:
+def load_summary(clients: int, windows: list[tuple[list[float], list[str], float]]) -> dict[str, Any]:
+    """Throughput and latency over a target's load windows at one concurrency, as one load."""
+    latencies = [ms for window in windows for ms in window[0]]
+    errors = [error for window in windows for error in window[1]]
+    elapsed = sum(window[2] for window in windows)
+    return {"clients": clients, "seconds": elapsed, "windows": len(windows), "ok": len(latencies),
+            "errors": len(errors), "first_error": errors[0] if errors else None,
+            "rps": len(latencies) / elapsed if elapsed else math.nan,
+            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95)}
+
+
+def interleaved_loads(servers: dict[str, Server], transcript: Transcript, rounds: Iterator[int],
+                      args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Per target, per concurrency: --duration seconds of load in --load-windows windows, the targets
+    taking turns (in order, then in reverse, ...), so a machine that speeds up or slows down during the
+    run, or a target's own slow spells, weigh on every target alike. Each target is warmed up before its
+    first window at each concurrency."""
+    loads: dict[str, dict[str, Any]] = {name: {} for name in servers}
+    seconds = args.duration / args.load_windows
+    for clients in CONCURRENCY:
+        windows: dict[str, list[tuple[list[float], list[str], float]]] = {name: [] for name in servers}
+        order = list(servers)
+        for turn in range(args.load_windows):
+            for name in order if turn % 2 == 0 else reversed(order):
+                warmup = args.load_warmup if turn == 0 else 0.0
+                windows[name].append(load_window(servers[name], transcript, rounds, clients, seconds, warmup))
+        for name in servers:
+            loads[name][str(clients)] = load_summary(clients, windows[name])
+    return loads
+
+
+def measure_transcript(specs: list[TargetSpec], upstream: Server, transcript: Transcript, rounds: Iterator[int],
+                       args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row per target: every target started (fresh) and timed sequentially in turn, then all loaded in
+    interleaved windows, then their RSS; all stopped at the end. A target that fails is reported, the
+    others still run."""
+    rows: dict[str, dict[str, Any]] = {}
+    servers: dict[str, Server] = {}
+    with ExitStack() as stack:
+        for spec in specs:
+            print(f"{transcript.name} / {spec.name} ...", end=" ", flush=True)
+            row = rows[spec.name] = {"target": spec.name, "transcript": transcript.name,
+                                     "messages": len(transcript.messages), "body_kib": len(transcript.head) / 1024}
+            started = time.monotonic()
+            try:
+                folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"proxy-compare-{spec.name}-")))
+                server = stack.enter_context(spec.open(folder))
+                if not spec.shared:
+                    stack.callback(_stop, server, row)
+                    server.start(spec.startup_timeout)
+                row["startup_s"] = server.startup_s
+                row["sequential"] = sequential(upstream, server, transcript, rounds, args.requests, args.warmup)
+                servers[spec.name] = server
+            except Exception as error:
+                row["failed"] = f"{type(error).__name__}: {error}"
+            row["wall_s"] = time.monotonic() - started
+            failed = row.get("failed", "").splitlines()[:1]
+            print(f"{row['wall_s']:.0f} s" + "".join(f"  FAILED: {line}" for line in failed), flush=True)
+        print(f"{transcript.name} / load, {len(servers)} targets in turn ...", end=" ", flush=True)
+        started = time.monotonic()
         try:
-            with spec.open(Path(tmp)) as server:
-                try:
-                    if not spec.shared:
-                        server.start(spec.startup_timeout)
-                    row["startup_s"] = server.startup_s
-                    row["sequential"] = sequential(upstream, server, transcript, rounds, args.requests, args.warmup)
-                    row["load"] = {str(c): load(server, transcript, rounds, c, args.duration, args.load_warmup)
-                                   for c in CONCURRENCY}
-                    row["rss_mb"] = server.rss_mb()
-                finally:
-                    if not spec.shared:
-                        server.stop()
-                    row["log_tail"] = server.log_tail()
-        except Exception as error:  # a target that fails is reported, the others still run
-            row["failed"] = f"{type(error).__name__}: {error}"
-    row["errors"] = (row.get("sequential", {}).get("errors", 0)
-                     + sum(result["errors"] for result in row.get("load", {}).values()))
-    if not row["errors"] and "failed" not in row:
-        row.pop("log_tail", None)
-    row["wall_s"] = time.monotonic() - started
-    return row
+            for name, figures in interleaved_loads(servers, transcript, rounds, args).items():
+                rows[name]["load"] = figures
+                rows[name]["rss_mb"] = servers[name].rss_mb()
+        except Exception as error:
+            for name in servers:
+                rows[name]["failed"] = f"load: {type(error).__name__}: {error}"
+        print(f"{time.monotonic() - started:.0f} s", flush=True)
+    for row in rows.values():
+        row["errors"] = (row.get("sequential", {}).get("errors", 0)
+                         + sum(result["errors"] for result in row.get("load", {}).values()))
+        if not row["errors"] and "failed" not in row:
+            row.pop("log_tail", None)
+    return list(rows.values())
+
+
+def _stop(server: Server, row: dict[str, Any]) -> None:
+    server.stop()
+    row["log_tail"] = server.log_tail()
 
 
 # --- report -----------------------------------------------------------------
@@ -688,8 +741,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, help="measured sequential pairs per row (default 200; --quick 20)")
     parser.add_argument("--warmup", type=int, help="unmeasured pairs first (default 20; --quick 4)")
-    parser.add_argument("--duration", type=float, help="seconds of load per concurrency (default 10; --quick 2)")
+    parser.add_argument("--duration", type=float, help="seconds of load per target and concurrency (default 15; --quick 2)")
     parser.add_argument("--load-warmup", type=float, help="seconds of unmeasured load first (default 2; --quick 0.5)")
+    parser.add_argument("--load-windows", type=int, help="windows the --duration is cut into, the targets taking "
+                                                         "turns (default 3; --quick 1)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes of each proxy (default 1)")
     parser.add_argument("--litellm-proxy", action="store_true",
                         help=f"also LiteLLM Proxy {LITELLM_VERSION} (installed into {LITELLM_VENV.relative_to(REPO)})")
@@ -706,12 +761,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=BENCH / "results" / "proxy_compare.json",
                         help="write every figure here (default bench/results/proxy_compare.json)")
     args = parser.parse_args()
-    defaults = {"requests": (200, 20), "warmup": (20, 4), "duration": (10.0, 2.0), "load_warmup": (2.0, 0.5)}
+    defaults = {"requests": (200, 20), "warmup": (20, 4), "duration": (15.0, 2.0), "load_warmup": (2.0, 0.5),
+                "load_windows": (3, 1)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
-    if args.requests < 1 or args.warmup < 0 or args.duration <= 0 or args.load_warmup < 0 or args.workers < 1:
-        parser.error("--requests and --workers must be >= 1, --duration > 0, --warmup and --load-warmup >= 0")
+    if args.requests < 1 or args.warmup < 0 or args.duration <= 0 or args.load_warmup < 0 or args.workers < 1 \
+            or args.load_windows < 1:
+        parser.error("--requests, --workers and --load-windows must be >= 1, --duration > 0, --warmup and --load-warmup >= 0")
 
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     info = machine()
@@ -732,11 +789,7 @@ def main() -> None:
             specs = [spec for spec in target_specs(args, upstream, notes)
                      if spec.shared or not args.targets or spec.name in args.targets]
             for transcript in transcripts:
-                for spec in specs:
-                    print(f"{transcript.name} / {spec.name} ...", end=" ", flush=True)
-                    rows.append(measure(spec, upstream, transcript, rounds, args))
-                    failed = rows[-1].get("failed", "").splitlines()[:1]
-                    print(f"{rows[-1]['wall_s']:.0f} s" + "".join(f"  FAILED: {line}" for line in failed), flush=True)
+                rows += measure_transcript(specs, upstream, transcript, rounds, args)
         finally:
             upstream.stop()
 
