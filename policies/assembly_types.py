@@ -2,6 +2,7 @@
 decisions (policies/assembler.py makes one from the other)."""
 from __future__ import annotations
 
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -87,12 +88,12 @@ class Projection:
         """Whether any forwarded message stands in for content by naming `artifact:<id>`."""
         return self.first_reference is not None
 
-    @property
+    @cached_property  # the decisions are a tuple: read once, not once per use (one per message)
     def aligned(self) -> bool:
         """Whether forwarded message i stands for the client's message i (no message was omitted)."""
         return all(d.action != "omitted" for d in self.decisions)
 
-    @property
+    @cached_property
     def first_reference(self) -> int | None:
         """The first message that stands in for content by naming `artifact:<id>` (None: none does)."""
         return next((d.index for d in self.decisions if d.action in REFERENCING), None)
