@@ -72,8 +72,10 @@ def request(litellm_params: dict[str, Any], body: dict[str, Any], timeout: float
 
 
 def masked(value: Any) -> Any:
-    """`created` out (both the fake and LiteLLM's stream wrapper stamp the clock), generated ids named."""
+    """`created` out (both the fake and LiteLLM's stream wrapper stamp the clock, and an error message
+    may quote LiteLLM's `ModelResponse(..., created=<now>, ...)`), generated ids named."""
     text = re.sub(r'"created": \d+', '"created": 0', json.dumps(value, default=str))
+    text = re.sub(r"created=\d+", "created=0", text)
     return json.loads(re.sub(r"chatcmpl-[0-9a-f]{8}-[0-9a-f-]{27}", "chatcmpl-generated", text))
 
 
