@@ -1,6 +1,6 @@
 """The store's share of a model request, in process: capture, read-after-capture and finish_run.
 
-Replays a synthetic coding-agent transcript (bench/proxy_compare.py's `synthetic_session`) as
+Replays a synthetic coding-agent transcript (bench/bench_transcripts.py's `synthetic_session`) as
 bench/proxy_compare.py sends it: requests alternate between the transcript as it is and the
 transcript plus one tool round never seen before. Each request goes through the gateway's own code,
 on one thread: the wire format's parse, `gateway.pipeline._capture_and_project` (path, capture,
@@ -42,7 +42,7 @@ from gateway.run_recorder import RunRecorder  # noqa: E402
 from gateway.tracing import OFF  # noqa: E402
 from gateway.wire.openai_chat import OpenAIChat  # noqa: E402
 from policies.presets import preset  # noqa: E402
-from proxy_compare import TOOLS, Transcript, synthetic_session  # noqa: E402
+from bench_transcripts import TOOLS, Transcript, synthetic_session  # noqa: E402
 from storage.blobs import DirectoryBlobStore  # noqa: E402
 from storage.canonical import NodeIds  # noqa: E402
 from storage.database import make_engine  # noqa: E402

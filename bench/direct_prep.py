@@ -5,7 +5,7 @@ Prints median microseconds per call; no server, no socket.
 .venv/bin/python bench/direct_prep.py [--sizes 100 1000] [--rounds 40] [--repeats 5]
 
 As agents send it: each turn resends the transcript as it is, then the transcript plus one tool round
-never seen before (bench/proxy_compare.py's synthetic coding-agent sessions, seed 7). Every request
+never seen before (bench/bench_transcripts.py's synthetic coding-agent sessions, seed 7). Every request
 gets fresh message objects (the body as the gateway parses it), made outside the timing.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gateway.litellm_direct import OpenAIDirectCodec, direct_route, openai_reque
 from gateway.litellm_messages import MessageMemo  # noqa: E402
 from gateway.litellm_upstream import LiteLLMUpstream  # noqa: E402
 from gateway.upstream import UpstreamRequest  # noqa: E402
-from proxy_compare import TOOLS, synthetic_session  # noqa: E402
+from bench_transcripts import TOOLS, synthetic_session  # noqa: E402
 
 PARAMS = {"model": "openai/fake", "api_base": "http://upstream.test/v1", "api_key": "sk-upstream"}
 ANSWER = json.dumps({

@@ -2,8 +2,8 @@
 decisions (policies/assembler.py makes one from the other)."""
 from __future__ import annotations
 
-from functools import cached_property
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
 from policies.memories import ArtifactView
