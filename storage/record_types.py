@@ -319,8 +319,14 @@ def _forwarded(record: AssemblyRecord) -> dict[int, tuple[Mapping[str, Any], str
 
 def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     """Every decision but `verbatim` (a reader restores those) by message index, each that replaced
-    its message naming the replacement's digest."""
+    its message naming the replacement's digest.
+
+    A decision equal to its base's is the base's own dict: the gateway holds the notable decisions of
+    thousands of recent requests (gateway/assembly_bases.py), and between epochs a request's are its
+    base's plus the new round's, so held alike they cost the memory and the collector's passes of one
+    request's, not of every request's (these dicts are never changed once made)."""
     forwarded = record.forwarded
+    base = record.base_decisions if record.base_request_id is not None else None
     out = {}
     for decision in record.decisions:
         index = decision.get("index")
@@ -328,6 +334,10 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
             continue
         if index in forwarded:
             decision = {**decision, "forwarded": forwarded[index][1]}
+        if base is not None:
+            held = base.get(index)
+            if held is not None and held == decision:
+                decision = held
         out[index] = decision
     return out
 
@@ -357,7 +367,7 @@ def _epochless(decision: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _same_decision(base: Mapping[str, Any] | None, decision: Mapping[str, Any]) -> bool:
-    return base is not None and (base == decision or _epochless(base) == _epochless(decision))
+    return base is not None and (base is decision or base == decision or _epochless(base) == _epochless(decision))
 
 
 _EPOCH_REASON = re.compile(r"epoch:\d+")

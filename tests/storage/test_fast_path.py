@@ -2,6 +2,7 @@
 the previous request, and SQLite's observation times read without an aware datetime."""
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -57,6 +58,28 @@ def test_recent_assemblies_hand_on_digests_and_the_stored_decisions_are_unchange
                     base_decisions=first.notable)
     assert stored_decisions(second) == stored_decisions(plain)
     assert [d["index"] for d in stored_decisions(second)] == [4]
+
+
+def test_a_decision_equal_to_its_bases_is_held_once() -> None:
+    """The notable decisions a request shares with its base are the base's own dicts (the gateway holds
+    thousands of requests' decisions), and what is stored and read is as without the sharing."""
+    recent = RecentAssemblies()
+    first = _record({1: _memory("one"), 2: _memory("two"), 3: _memory("three")})
+    recent.remember("req_1", first)
+    # 1: the same; 2: another memory (another digest); 3: another reason; 4: new
+    later = _record({1: _memory("one"), 2: _memory("two, rendered again"), 3: _memory("three"),
+                     4: _memory("four")})
+    later.decisions[3]["reason"] = "stale"
+    second = recent.based(later, "req_1")
+    assert second.notable[1] is first.notable[1]
+    assert all(second.notable[i] is not first.notable[i] for i in (2, 3))
+    unshared = _record({1: _memory("one"), 2: _memory("two, rendered again"), 3: _memory("three"),
+                        4: _memory("four")})
+    unshared.decisions[3]["reason"] = "stale"
+    assert second.notable == unshared.notable
+    plain = replace(unshared, base_request_id="req_1", base_decisions=first.notable)
+    assert stored_decisions(second) == stored_decisions(plain)
+    assert [d["index"] for d in stored_decisions(second)] == [2, 3, 4]
 
 
 def test_past_the_deepest_base_the_digests_still_carry_over() -> None:
