@@ -253,10 +253,18 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
 def _node_ids(services: Services, neutral: NeutralRequest) -> Callable[[str, str | None, Mapping[str, Any]], str]:
     """The node-id cache, handed the digests parsing worked out (none are computed twice)."""
     node_ids = services.node_ids
-    if neutral.digests is None:
+    messages, digests = neutral.messages, neutral.digests
+    if digests is None:
         return node_ids
-    digests = {id(message): digest for message, digest in zip(neutral.messages, neutral.digests)}
-    return lambda tenant, parent, message: node_ids(tenant, parent, message, digests.get(id(message)))
+    place = 0  # `message_path` places the messages in order: the next one is most likely messages[place]
+
+    def ids(tenant: str, parent: str | None, message: Mapping[str, Any]) -> str:
+        nonlocal place
+        digest = digests[place] if place < len(messages) and messages[place] is message else None
+        place += 1
+        return node_ids(tenant, parent, message, digest)
+
+    return ids
 
 
 def _capture_and_project(services: Services, recorder: RunRecorder, policy: Policy, model: ModelSettings,
