@@ -419,23 +419,31 @@ def load_summary(clients: int, windows: list[Window]) -> dict[str, Any]:
 
 
 def interleaved_loads(servers: dict[str, Server], transcript: Transcript, rounds: Iterator[int],
-                      args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+                      args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Per target, per concurrency: --duration seconds of load in --load-windows windows, the targets
     taking turns (in order, then in reverse, ...), so a machine that speeds up or slows down during the
     run, or a target's own slow spells, weigh on every target alike. Each target is warmed up before its
-    first window at each concurrency."""
+    first window at each concurrency. A failed request is counted in its window; a window that raises
+    takes its target out of the later turns (the second value: why, by target), and the others go on."""
     loads: dict[str, dict[str, Any]] = {name: {} for name in servers}
+    failed: dict[str, str] = {}
     seconds = args.duration / args.load_windows
     for clients in CONCURRENCY:
         windows: dict[str, list[Window]] = {name: [] for name in servers}
         order = list(servers)
         for turn in range(args.load_windows):
             for name in order if turn % 2 == 0 else reversed(order):
+                if name in failed:
+                    continue
                 warmup = args.load_warmup if turn == 0 else 0.0
-                windows[name].append(load_window(servers[name], transcript, rounds, clients, seconds, warmup))
+                try:
+                    windows[name].append(load_window(servers[name], transcript, rounds, clients, seconds, warmup))
+                except Exception as error:
+                    failed[name] = f"load at {clients} clients: {type(error).__name__}: {error}"
         for name in servers:
-            loads[name][str(clients)] = load_summary(clients, windows[name])
-    return loads
+            if name not in failed:
+                loads[name][str(clients)] = load_summary(clients, windows[name])
+    return {name: figures for name, figures in loads.items() if name not in failed}, failed
 
 
 def measure_transcript(specs: list[TargetSpec], upstream: Server, transcript: Transcript, rounds: Iterator[int],
@@ -467,13 +475,12 @@ def measure_transcript(specs: list[TargetSpec], upstream: Server, transcript: Tr
             print(f"{row['wall_s']:.0f} s" + "".join(f"  FAILED: {line}" for line in failed), flush=True)
         print(f"{transcript.name} / load, {len(servers)} targets in turn ...", end=" ", flush=True)
         started = time.monotonic()
-        try:
-            for name, figures in interleaved_loads(servers, transcript, rounds, args).items():
-                rows[name]["load"] = figures
-                rows[name]["rss_mb"] = servers[name].rss_mb()
-        except Exception as error:
-            for name in servers:
-                rows[name]["failed"] = f"load: {type(error).__name__}: {error}"
+        loads, failed = interleaved_loads(servers, transcript, rounds, args)
+        for name, figures in loads.items():
+            rows[name]["load"] = figures
+            rows[name]["rss_mb"] = servers[name].rss_mb()
+        for name, why in failed.items():
+            rows[name]["failed"] = why
         print(f"{time.monotonic() - started:.0f} s", flush=True)
     for row in rows.values():
         row["errors"] = (row.get("sequential", {}).get("errors", 0)
@@ -518,6 +525,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                         for i, (cell, (_, width)) in enumerate(zip(cells, COLUMNS))))
     print("added med: median of (target - direct) over interleaved pairs; p95/p99: the target's own latency (ms); "
           "rps@N/p95@N: N concurrent clients; errors: non-200 and transport errors, all phases")
+    for row in rows:
+        if "failed" in row and "sequential" in row:
+            print(f"FAILED {row['transcript']} / {row['target']}: {row['failed'].splitlines()[0][:200]}")
     print("\nadded median (ms) by request: resend of the transcript / transcript + 1 new tool round")
     for row in rows:
         added = row.get("sequential", {}).get("added_ms")
