@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.errors import InvalidRequest, PermissionDenied
 from gateway.services import PrincipalDep, ServicesDep
-from gateway.threads import off_loop
+from gateway.threads import aside
 
 router = APIRouter(prefix="/api/admin")
 _TENANT_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")  # as the config allows
@@ -24,7 +24,7 @@ async def reload_config(request: Request, principal: PrincipalDep) -> Any:
     reloader = getattr(request.app.state, "reloader", None)
     if reloader is None:
         raise InvalidRequest("this gateway was not started from a config file: there is nothing to reload")
-    result = await off_loop(reloader.reload)
+    result = await aside(reloader.reload)
     if not result.ok:
         error = InvalidRequest(f"config reload refused, the running config stays: {result.error}",
                                code="invalid_config")
@@ -42,7 +42,7 @@ async def purge_tenant(tenant_id: str, principal: PrincipalDep, services: Servic
         raise PermissionDenied("purging a tenant needs an admin key")
     if not _TENANT_ID.match(tenant_id):
         raise InvalidRequest(f"{tenant_id!r} is not a tenant id", param="tenant_id", code="invalid_tenant_id")
-    result = await off_loop(services.store.purge_tenant, tenant_id, f"admin key {principal.key_id}")
+    result = await aside(services.store.purge_tenant, tenant_id, f"admin key {principal.key_id}")
     configured = any(t.id == tenant_id for t in services.settings.tenants)
     return {"object": "tenant.purged", "id": tenant_id, "audit_id": result.audit_id, "deleted": result.counts,
             "still_configured": configured}

@@ -32,7 +32,7 @@ from gateway.request_id import RequestIdMiddleware
 from gateway.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
 from gateway.sessions import SessionSigner
-from gateway.threads import off_loop
+from gateway.threads import aside
 from gateway.tracing import Tracing
 from gateway.tracing_middleware import TracingMiddleware
 from gateway.upstream import UpstreamClient
@@ -144,9 +144,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store = store is None
         record_store = store or build_store(settings, clock)
-        await off_loop(record_store.create_schema)
-        await off_loop(record_store.blobs.check)  # a missing bucket stops the start, not a capture
-        await off_loop(record_store.register_instance)
+        await aside(record_store.create_schema)
+        await aside(record_store.blobs.check)  # a missing bucket stops the start, not a capture
+        await aside(record_store.register_instance)
         housekeeping = Housekeeping(record_store, settings.server, lambda: _current_settings(app), clock)
         await housekeeping.run_once()  # what a crashed predecessor left pending
         limiter: RateLimiter = (
@@ -163,7 +163,7 @@ def create_app(
         traced = TracedUpstream(inner, tracing.tracer, tracing.capture_content) if tracing.tracer else inner
         client = RoutedUpstream(traced, settings, limiter)
         await client.warm_up()
-        await off_loop(encoding)  # tiktoken's first load takes a few hundred ms
+        await aside(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
             settings=settings,
             store=record_store,
@@ -202,14 +202,14 @@ def create_app(
                 watching.cancel()
             if hangup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            await off_loop(record_store.retire_instance)
+            await aside(record_store.retire_instance)
             await limiter.close()
             await counters.close()
             if upstream is None:
                 await client.aclose()  # the direct transport's connection pool
             if owned_store:
                 record_store.engine.dispose()
-            await off_loop(tracing.shutdown)  # exports what is still queued
+            await aside(tracing.shutdown)  # exports what is still queued
 
     docs = settings.server.docs
     app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
@@ -235,7 +235,7 @@ def create_app(
     @app.get("/readyz")
     async def readyz(request: Request) -> dict[str, str]:
         services: Services = request.app.state.services
-        await off_loop(services.store.ping)
+        await aside(services.store.ping)
         if isinstance(services.limiter, RedisRateLimiter):
             await services.limiter.ping()
         return {"status": "ready"}

@@ -22,7 +22,7 @@ from gateway.records_api import savings_ledger
 from gateway.run_recorder import outcomes_written
 from gateway.services import Services, ServicesDep
 from gateway.sessions import COOKIE, LIFETIME_SECONDS
-from gateway.threads import off_loop
+from gateway.threads import aside
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False, dependencies=[Depends(outcomes_written)])
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -80,7 +80,7 @@ async def overview(
                                                                   "status": error.status_code},
                                           status_code=error.status_code)
     scope = ledger["filters"]["tenant"]
-    runs = await off_loop(services.store.recent_runs, scope, 30)
+    runs = await aside(services.store.recent_runs, scope, 30)
     days = [d["day"] for d in ledger["by_day"]]
     token_chart = bars(days, [("tokens sent", "var(--sent)", [d["tokens_sent"] for d in ledger["by_day"]]),
                               ("tokens forwarded", "var(--fwd)", [d["tokens_forwarded"] for d in ledger["by_day"]])],
@@ -121,11 +121,11 @@ async def inspector(request_id: str, request: Request, services: ServicesDep) ->
     principal = _signed_in(request, services)
     if principal is None:
         return _login_redirect()
-    record = await off_loop(services.store.get_run, request_id, principal.scope())
+    record = await aside(services.store.get_run, request_id, principal.scope())
     if record is None:  # another tenant's request looks like no request at all
         return templates.TemplateResponse(request, "not_found.html", {"principal": principal}, status_code=404)
-    original = await off_loop(services.store.path_messages, record.run["leaf_node_id"])
-    forwarded = await off_loop(services.store.forwarded_messages, request_id, principal.scope())
+    original = await aside(services.store.path_messages, record.run["leaf_node_id"])
+    forwarded = await aside(services.store.forwarded_messages, request_id, principal.scope())
     assembly = record.assembly.as_dict() if record.assembly else None
     decisions = assembly["decisions"] if assembly else []
     context = {

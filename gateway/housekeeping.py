@@ -10,7 +10,7 @@ from typing import Callable
 
 
 from gateway.config import ServerSettings, Settings
-from gateway.threads import off_loop
+from gateway.threads import aside
 from storage.records import RecordStore
 from storage.retention import GcReport, run_gc
 
@@ -62,7 +62,7 @@ class Housekeeping:
         return report
 
     async def run_once(self) -> None:
-        await off_loop(self._once)
+        await aside(self._once)
 
     async def run_forever(self) -> None:
         while True:

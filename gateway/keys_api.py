@@ -21,7 +21,7 @@ from gateway.config import BudgetSettings, LimitSettings
 from gateway.errors import InvalidRequest, NotFound, PermissionDenied
 from gateway.pipeline import read_body
 from gateway.services import PrincipalDep, Services, ServicesDep
-from gateway.threads import off_loop
+from gateway.threads import aside
 from gateway.wire.json_body import check_text, param_path, parse_json_object
 from storage.api_keys import ApiKeyRecord
 
@@ -81,8 +81,8 @@ async def _with_spend(services: Services, records: list[ApiKeyRecord]) -> list[d
     """Each key as the API shows it, with what its runs cost this UTC day and month."""
     day, month = periods(datetime.fromtimestamp(services.clock(), timezone.utc))
     ids = [r.id for r in records]
-    today = await off_loop(services.store.spend_by_key, day.start, ids)
-    this_month = await off_loop(services.store.spend_by_key, month.start, ids)
+    today = await aside(services.store.spend_by_key, day.start, ids)
+    this_month = await aside(services.store.spend_by_key, month.start, ids)
     return [{**r.as_dict(), "spend": {"usd_today": today.get(r.id, 0.0), "usd_this_month": this_month.get(r.id, 0.0)}}
             for r in records]
 
@@ -99,7 +99,7 @@ async def create_key(request: Request, principal: PrincipalDep, services: Servic
         created_at=datetime.fromtimestamp(services.clock(), timezone.utc), expires_at=new.expires_at,
         revoked_at=None, models=tuple(new.models) if new.models is not None else None,
         budget=new.budget.model_dump(exclude_none=True), limits=new.limits.model_dump(exclude_none=True))
-    await off_loop(services.store.create_api_key, record)
+    await aside(services.store.create_api_key, record)
     if services.keyring.database is not None:
         services.keyring.database.forget(record.digest)  # a lookup that just missed it here
     return {**(await _with_spend(services, [record]))[0], "key": key}
@@ -108,12 +108,12 @@ async def create_key(request: Request, principal: PrincipalDep, services: Servic
 @router.get("")
 async def list_keys(principal: PrincipalDep, services: ServicesDep, tenant: str | None = None) -> dict[str, Any]:
     _admin(principal)
-    records = await off_loop(services.store.api_keys, tenant)
+    records = await aside(services.store.api_keys, tenant)
     return {"object": "list", "data": await _with_spend(services, records)}
 
 
 async def _existing(services: Services, key_id: str) -> ApiKeyRecord:
-    record = await off_loop(services.store.api_key, key_id)
+    record = await aside(services.store.api_key, key_id)
     if record is None:
         raise NotFound(f"No API key with id '{key_id}'.", param="key_id", code="api_key_not_found")
     return record
@@ -130,7 +130,7 @@ async def revoke_key(key_id: str, principal: PrincipalDep, services: ServicesDep
     """Revoke a key: refused here at once, and by every other replica within a second
     (gateway/key_cache.py)."""
     _admin(principal)
-    record = await off_loop(services.store.revoke_api_key, key_id)
+    record = await aside(services.store.revoke_api_key, key_id)
     if record is None:
         raise NotFound(f"No API key with id '{key_id}'.", param="key_id", code="api_key_not_found")
     if services.keyring.database is not None:

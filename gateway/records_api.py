@@ -14,7 +14,7 @@ from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailab
 from gateway.run_recorder import outcomes_written
 from gateway.savings import ledger, parse_moment
 from gateway.services import PrincipalDep, ServicesDep
-from gateway.threads import off_loop
+from gateway.threads import aside
 from storage.record_types import ArtifactCorrupted, ArtifactRecord
 from storage.blobs import BlobCorrupted
 from storage.encryption import UnknownKey
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/api", dependencies=[Depends(outcomes_written)])
 
 
 async def _artifact(services: ServicesDep, principal: PrincipalDep, artifact_id: str) -> ArtifactRecord:
-    record = await off_loop(services.store.get_artifact, artifact_id, principal.scope())
+    record = await aside(services.store.get_artifact, artifact_id, principal.scope())
     if record is None:
         raise NotFound(f"No artifact '{artifact_id}'.", param="artifact_id", code="artifact_not_found")
     return record
@@ -39,7 +39,7 @@ async def artifact_raw(artifact_id: str, principal: PrincipalDep, services: Serv
                                  "x-artifact-tool-call-id": meta["tool_call_id"]})
     record = await _artifact(services, principal, artifact_id)
     try:
-        data = await off_loop(services.store.artifact_bytes, record)
+        data = await aside(services.store.artifact_bytes, record)
     except (ArtifactCorrupted, BlobCorrupted, FileNotFoundError) as exc:
         raise GatewayError(
             f"Artifact '{artifact_id}' failed its integrity check.", code="artifact_corrupted"
@@ -61,7 +61,7 @@ async def artifact_raw(artifact_id: str, principal: PrincipalDep, services: Serv
 
 
 async def _call_arguments(services: ServicesDep, principal: PrincipalDep, artifact_id: str) -> tuple[str, dict[str, Any]]:
-    found = await off_loop(services.store.get_call_arguments, artifact_id, principal.scope())
+    found = await aside(services.store.get_call_arguments, artifact_id, principal.scope())
     if found is None:
         raise NotFound(f"No artifact '{artifact_id}'.", param="artifact_id", code="artifact_not_found")
     return found
@@ -83,7 +83,7 @@ async def delete_session(session_key: str, principal: PrincipalDep, services: Se
     owner = principal.scope() or tenant
     if owner is None:
         raise InvalidRequest("an admin key names the tenant: ?tenant=<id>", param="tenant")
-    counts = await off_loop(services.store.delete_conversation, owner, session_key)
+    counts = await aside(services.store.delete_conversation, owner, session_key)
     if not counts:
         raise NotFound(f"No session '{session_key}'.", param="session_key", code="session_not_found")
     return {"object": "session.deleted", "id": session_key, "tenant": owner, "deleted": counts}
@@ -110,7 +110,7 @@ async def savings_ledger(services: ServicesDep, principal: PrincipalDep, start: 
         raise NotFound(f"No tenant '{tenant}'.", param="tenant", code="tenant_not_found")
     chosen = tenant or scope
     since, until = parse_moment(start, "start"), parse_moment(end, "end", end=True)
-    rows = await off_loop(services.store.savings_rows, chosen, since, until, model, session)
+    rows = await aside(services.store.savings_rows, chosen, since, until, model, session)
     filters = {"tenant": chosen, "start": start, "end": end, "model": model, "session": session}
     return ledger(rows, filters)
 
@@ -118,7 +118,7 @@ async def savings_ledger(services: ServicesDep, principal: PrincipalDep, start: 
 @router.get("/requests/{request_id}/projection")
 async def request_projection(request_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
     """The messages the model was given for this request, as forwarded."""
-    messages = await off_loop(services.store.forwarded_messages, request_id, principal.scope())
+    messages = await aside(services.store.forwarded_messages, request_id, principal.scope())
     if messages is None:
         raise NotFound(f"No projection recorded for request '{request_id}'.", param="request_id",
                        code="request_not_found")
@@ -127,7 +127,7 @@ async def request_projection(request_id: str, principal: PrincipalDep, services:
 
 @router.get("/requests/{request_id}")
 async def request_record(request_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    record = await off_loop(services.store.get_run, request_id, principal.scope())
+    record = await aside(services.store.get_run, request_id, principal.scope())
     if record is None:
         raise NotFound(f"No request '{request_id}'.", param="request_id", code="request_not_found")
     return {

@@ -13,7 +13,7 @@ import pytest
 
 from gateway import threads
 from gateway.app import GC_YOUNG_OBJECTS, create_app
-from gateway.threads import off_loop
+from gateway.threads import aside, off_loop
 from tests.conftest import settings_for
 from tests.fake_upstream import FakeUpstream
 
@@ -69,7 +69,7 @@ async def test_a_call_cancelled_before_it_starts_never_runs(monkeypatch: pytest.
     from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(max_workers=1)
-    monkeypatch.setattr(threads, "_POOL", pool)
+    monkeypatch.setattr(threads, "_REQUESTS", pool)
     release, ran = threading.Event(), []
     blocker = asyncio.create_task(off_loop(release.wait))
     await asyncio.sleep(0.05)
@@ -84,7 +84,7 @@ async def test_a_call_cancelled_before_it_starts_never_runs(monkeypatch: pytest.
     assert ran == []
 
 
-async def test_at_most_max_threads_calls_run_at_once() -> None:
+async def test_at_most_request_threads_calls_run_at_once() -> None:
     running, most = 0, 0
     lock = threading.Lock()
 
@@ -97,8 +97,21 @@ async def test_at_most_max_threads_calls_run_at_once() -> None:
         with lock:
             running -= 1
 
-    await asyncio.gather(*(off_loop(busy) for _ in range(threads.MAX_THREADS * 2)))
-    assert 1 < most <= threads.MAX_THREADS
+    await asyncio.gather(*(off_loop(busy) for _ in range(threads.REQUEST_THREADS * 2)))
+    assert 1 < most <= threads.REQUEST_THREADS
+
+
+async def test_the_apis_pool_answers_while_every_request_thread_is_busy() -> None:
+    """A read of the records API, a health check or housekeeping (`aside`) does not queue behind the
+    model requests' calls (`off_loop`), nor they behind it."""
+    release = threading.Event()
+    busy = [asyncio.create_task(off_loop(release.wait)) for _ in range(threads.REQUEST_THREADS + 2)]
+    try:
+        assert await asyncio.wait_for(aside(lambda: "answered"), timeout=5) == "answered"
+        assert not any(task.done() for task in busy)
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
 
 
 async def test_serving_raises_the_collectors_first_threshold_and_the_last_app_to_stop_restores_it(
