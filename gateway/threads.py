@@ -20,7 +20,7 @@ fresh processes, 4 threads against 40 (anyio's number, and this pool's before):
 - 1,000 messages, one worker: 34.7, 30.5, 34.3, 35.0 against 25.7, 26.5, 30.7, 27.8 requests/s; the
   process's CPU per request 31 to 35 ms against 35 to 42 ms;
 - 1,000 messages, two workers: 33.8, 31.2, 36.7, 32.2 against 29.0, 27.4, 28.7, 36.8 requests/s; a group
-  commit held the file's lock 13 ms on average against 70 ms;
+  commit held the file's lock 11 to 15 ms on average against 70 to 250 ms (per run);
 - 100 messages: 132.9 and 127.9 against 109.2 and 108.5 requests/s (2 threads: 139.8, 132.7; 8: 123.5,
   107.3); on PostgreSQL 93.4, 85.4, 77.9, 87.4 against 67.4, 69.4, 79.7, 76.1.
 The other pool (`aside`) serves the records, keys, dashboard and admin APIs, health checks, startup and
