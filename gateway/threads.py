@@ -1,4 +1,4 @@
-"""Blocking work off the event loop, on the gateway's own thread pool (issue 11).
+"""Blocking work off the event loop, on the gateway's own two thread pools (issue 11).
 
 Starlette's `run_in_threadpool` goes through anyio (a capacity limiter, cancel scopes, run-vars,
 sniffio): profiled with py-spy under load at 20 clients, the five hand-offs a request made took about
