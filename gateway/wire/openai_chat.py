@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.wire import NeutralRequest
 from gateway.wire.json_body import check_text, param_path, parse_json_object, parse_json_object_but, plain_item
+from gateway.wire.body_layouts import BodyLayouts
 from gateway.wire.seen_messages import MIN_MESSAGES, SeenMessages, message_digests
 from policies.protocol import orphan_tool_messages
 
@@ -144,7 +145,8 @@ def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
     indices: Sequence[int] = range(len(messages)) if isinstance(messages, list) else ()
     validated = body
     if isinstance(messages, list) and len(messages) >= MIN_MESSAGES:
-        digests = message_digests(messages)
+        # A body orjson read whole: the digests of the messages it shares with a recent body's bytes are that body's.
+        digests = _LAYOUTS.digests(raw, body) if unread is not None and raw is not None else message_digests(messages)
         unseen = _SEEN.unseen(digests) or [len(messages) - 1]  # the body's schema wants one message
         if len(unseen) < len(messages):
             indices = unseen
@@ -181,6 +183,7 @@ def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
     )
 
 
+_LAYOUTS = BodyLayouts()  # where the messages of recent bodies end (gateway/wire/body_layouts.py)
 _SEEN = SeenMessages()  # chat messages that passed `_ChatBody` and `_check_messages`'s per-message checks
 
 

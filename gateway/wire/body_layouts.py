@@ -1,0 +1,293 @@
+"""Where each message of a recent chat body ends, so that the next body of the same conversation is
+known by its bytes.
+
+An agent resends its whole transcript, a message or two longer, on every turn, and the JSON text of
+the messages it sent before is byte for byte what it sent then. Every message's digest
+(`storage.canonical.exact_digest`: the seen-messages and node-id caches' key) is a function of the
+message's value, and a JSON text's value is a function of its bytes: where a body's first bytes, up
+to the end of message k, are a recent body's, its messages 0..k are that body's and so are their
+digests. Only the messages after them are serialised and hashed (2.6 ms of SHA-256 and orjson for a
+1,000-message body, where comparing the bytes takes about 0.03 ms).
+
+That holds only where the array whose elements end at those offsets is the body's top-level
+`messages` (the one the parser keeps). A layout is therefore recorded only where that is shown:
+- the body is exactly what orjson writes for its parse (compact, as the OpenAI and Anthropic SDKs,
+  Claude Code and Codex send it), so its key order and offsets follow from the values; or
+- a scan of the bytes (`_scanned`) finds one top-level key `messages` written plainly, no other
+  key that could decode to it (one written with an escape), and an array of objects under it.
+A body that extends a layout's prefix is scanned from where the prefix ends: the new messages, the
+array's end, and whatever follows unless it is the earlier body's own ending (already shown to hold
+no second `messages` key). Anything else is digested message by message, as without this module.
+
+Nothing of any tenant's content is served from here: a digest is taken over only for bytes the
+caller sent again. The bodies are held for a while (by count and bytes), like the seen messages.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, NamedTuple, Sequence
+
+import orjson
+
+from storage.canonical import exact_digest, text_digest, trim_oldest
+
+# From a place outside any string: everything up to the next bracket or brace (strings skipped whole).
+_STRUCTURE = re.compile(rb'[^"\[\]{}]*+(?:"(?:[^"\\]++|\\.)*+"[^"\[\]{}]*+)*+([\[\]{}])')
+# Tokens of an object's own level: strings, brackets and braces, colons and commas.
+_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}:,]')
+_SPACE = b" \t\n\r"
+_MESSAGES = b'"messages"'
+
+
+class Layout(NamedTuple):
+    raw: bytes
+    ends: list[int]  # the offset just past each message
+    close: int  # the offset of the `]` closing the messages
+    digests: list[bytes | None]
+    compact: bool  # `raw` is exactly orjson's text of its parse
+
+
+Key = tuple[bytes | None, bytes | None]
+MAX_SCANNED_SHARE = 4  # bytes scanned at most 1/4 of the bytes recognised: a scan costs ~4x a digest per byte
+
+
+def _element_ends(raw: bytes, start: int) -> tuple[list[int], int] | None:
+    """The ends of the objects of an array from `start` (just inside its `[`, or just past one of its
+    elements), and the offset of its `]`; None where an element is no object."""
+    ends: list[int] = []
+    depth, position = 0, start
+    for match in _STRUCTURE.finditer(raw, start):
+        if match.start() != position:
+            return None
+        position = match.end()
+        char = match.group(1)
+        if char == b"{" or char == b"[":
+            if depth == 0 and char == b"[":
+                return None
+            depth += 1
+        elif depth == 0:
+            return (ends, match.start(1)) if char == b"]" else None
+        else:
+            depth -= 1
+            if depth == 0:
+                ends.append(position)
+    return None
+
+
+def _object_level(raw: bytes, start: int, stop_at: bytes | None) -> int | None:
+    """Walk the top-level object at its own level from `start` (just past `{`, or past a value):
+    None if a key may be `messages` (a plain `"messages"`, or one written with an escape) before
+    `stop_at`, where the walk stops (the offset past its colon is returned); without `stop_at`, the
+    offset past the object's closing brace, which ends the text but for white space."""
+    depth = 0
+    expect_key = start > 0 and raw[start - 1] == 0x7B  # just past the opening brace
+    pending: bytes | None = None
+    for match in _TOKEN.finditer(raw, start):
+        token = match.group()
+        if token[0] == 0x22:  # a string
+            if depth == 0 and expect_key:
+                pending = token
+            continue
+        if token == b":":
+            if depth == 0 and pending is not None:
+                if pending == stop_at:
+                    return match.end()
+                if pending == _MESSAGES or b"\\" in pending:
+                    return None
+            pending, expect_key = None, False
+        elif token == b",":
+            expect_key = depth == 0
+        elif token == b"{" or token == b"[":
+            depth += 1
+        elif depth:
+            depth -= 1
+        elif token != b"}" or stop_at is not None or raw[match.end():].strip(_SPACE):
+            return None
+        else:
+            return match.end()
+    return None
+
+
+def _scanned(raw: bytes, count: int) -> tuple[list[int], int] | None:
+    """Message ends and the array's close in a body of any spacing, found by scanning it whole."""
+    offset = len(raw) - len(raw.lstrip(_SPACE))
+    if raw[offset:offset + 1] != b"{":
+        return None
+    after_key = _object_level(raw, offset + 1, _MESSAGES)
+    if after_key is None:
+        return None
+    start = len(raw) - len(raw[after_key:].lstrip(_SPACE))
+    if raw[start:start + 1] != b"[":
+        return None
+    found = _element_ends(raw, start + 1)
+    if found is None or len(found[0]) != count or _object_level(raw, found[1] + 1, None) is None:
+        return None
+    return found
+
+
+def _texts_from(raw: bytes, position: int, texts: Sequence[bytes], first: bool) -> tuple[list[int], int] | None:
+    """The ends of `texts` written one after the other from `position`, comma-separated (and a comma
+    before the first unless `first`), and the offset past the last; None where `raw` holds other bytes."""
+    ends = []
+    for number, text in enumerate(texts):
+        if number or not first:
+            if raw[position:position + 1] != b",":
+                return None
+            position += 1
+        if not raw.startswith(text, position):
+            return None
+        position += len(text)
+        ends.append(position)
+    return ends, position
+
+
+def _ending(body: dict[str, Any]) -> bytes | None:
+    """orjson's text of `body` from the `]` closing its messages."""
+    keys = list(body)
+    try:
+        after = orjson.dumps({key: body[key] for key in keys[keys.index("messages") + 1:]})
+    except TypeError:
+        return None
+    return b"]" + (b"," + after[1:] if len(after) > 2 else b"}")
+
+
+def _as_orjson_writes(raw: bytes, body: dict[str, Any], texts: list[bytes]) -> tuple[list[int], int] | None:
+    """Message ends and the array's close where `raw` is exactly orjson's text of `body` (whose messages
+    are `texts`, orjson's text of each)."""
+    keys = list(body)
+    place = keys.index("messages")
+    try:
+        before = orjson.dumps({key: body[key] for key in keys[:place]})
+    except TypeError:
+        return None
+    head = before[:-1] + (b',"messages":[' if place else b'"messages":[')
+    if not raw.startswith(head):
+        return None
+    found = _texts_from(raw, len(head), texts, True)
+    if found is None or raw[found[1]:] != _ending(body):
+        return None
+    return found
+
+
+class BodyLayouts:
+    """Recent chat bodies' layouts, by the digests of their first two messages (`per_key` bodies each),
+    at most `limit_bytes` of bodies in all (the least recently used go first)."""
+
+    def __init__(self, limit_bytes: int = 64 * 1024 * 1024, per_key: int = 4) -> None:
+        self.limit_bytes, self.per_key = limit_bytes, per_key
+        self._layouts: dict[Key, list[Layout]] = {}
+        self._sighted: dict[Key, None] = {}  # keys seen in a body not laid out (a scan waits for the second)
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def digests(self, raw: bytes, body: dict[str, Any]) -> list[bytes | None]:
+        """`exact_digest` of each of `body["messages"]` (`body`: orjson's parse of `raw`, at least two
+        messages), taken from a recent body for the messages whose bytes it holds."""
+        messages = body["messages"]
+        key = (exact_digest(messages[0]), exact_digest(messages[1]))
+        layout = self._extended(raw, body, key) if key in self._layouts else None
+        if layout is None:
+            layout = self._laid_out(raw, body, key)
+        if layout is None:
+            return [exact_digest(message) for message in messages]
+        if layout.ends:
+            self._remember(key, layout)
+        return layout.digests
+
+    def _extended(self, raw: bytes, body: dict[str, Any], key: Key) -> Layout | None:
+        """The layout of `raw` from the recent body sharing the most messages with it, if one does."""
+        messages = body["messages"]
+        best, shared = None, 0
+        for known in self._layouts.get(key, ()):
+            if best is None:
+                count = _shared_messages(raw, known, len(messages))
+            elif len(known.ends) > shared and raw.startswith(memoryview(known.raw)[:known.ends[shared]]):
+                count = _shared_messages(raw, known, len(messages))
+            else:
+                continue
+            if count > shared:
+                best, shared = known, count
+        if best is None:
+            return None
+        if len(raw) == len(best.raw) and raw == best.raw:
+            return best
+        try:
+            texts = [orjson.dumps(message) for message in messages[shared:]]
+        except TypeError:
+            return None
+        found = _texts_from(raw, best.ends[shared - 1], texts, False) if best.compact else None
+        rest = raw[found[1]:] if found is not None else None
+        if rest is not None and (rest == best.raw[best.close:] or rest == _ending(body)):
+            compact = True
+        else:
+            compact = False
+            if (len(raw) - best.ends[shared - 1]) * MAX_SCANNED_SHARE > best.ends[shared - 1]:
+                return None
+            found = _element_ends(raw, best.ends[shared - 1])
+            if found is None or shared + len(found[0]) != len(messages):
+                return None
+            if raw[found[1]:] != best.raw[best.close:] and _object_level(raw, found[1] + 1, None) is None:
+                return None
+        ends, close = found
+        return Layout(raw, best.ends[:shared] + ends, close, best.digests[:shared] + list(map(text_digest, texts)),
+                      compact)
+
+    def _laid_out(self, raw: bytes, body: dict[str, Any], key: Key) -> Layout | None:
+        """The layout of a body seen for the first time, where it can be shown (the module's docstring);
+        a body of another spacing than orjson's is scanned only when its first two messages were seen
+        before (a scan costs ~4x the digests). `ends` empty: the digests alone."""
+        messages = body["messages"]
+        try:
+            texts = [orjson.dumps(message) for message in messages]
+        except TypeError:
+            return None
+        digests: list[bytes | None] = list(map(text_digest, texts))
+        found = _as_orjson_writes(raw, body, texts)
+        compact = found is not None
+        if found is None and key in self._sighted:
+            found = _scanned(raw, len(messages))
+        if found is None:
+            with self._lock:
+                self._sighted[key] = None
+                trim_oldest(self._sighted, 4096)
+            return Layout(raw, [], -1, digests, False)
+        return Layout(raw, found[0], found[1], digests, compact)
+
+    def _remember(self, key: Key, layout: Layout) -> None:
+        with self._lock:
+            known = self._layouts.pop(key, [])
+            again = any(entry is layout for entry in known)
+            kept = [layout, *(entry for entry in known if entry is not layout)]
+            for dropped in kept[self.per_key:]:
+                self._held -= len(dropped.raw)
+            self._layouts[key] = kept[:self.per_key]  # last in order: the most recently used
+            self._held += 0 if again else len(layout.raw)
+            while self._held > self.limit_bytes and len(self._layouts) > 1:
+                oldest = next(iter(self._layouts))
+                self._held -= sum(len(entry.raw) for entry in self._layouts.pop(oldest))
+
+    def __len__(self) -> int:
+        return sum(map(len, self._layouts.values()))
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+
+def _shared_messages(raw: bytes, layout: Layout, limit: int) -> int:
+    """How many of `layout`'s first messages (at most `limit`) `raw` holds in the same bytes."""
+    ends, held = layout.ends, memoryview(layout.raw)
+    top = min(len(ends), limit)
+    if top and raw.startswith(held[:ends[top - 1]]):
+        return top
+    low, high = 0, top - 1  # raw holds the first `low` messages, not the first `high + 1`
+    if high - 2 > low and raw.startswith(held[:ends[high - 2]]):  # a resend without the last tool round
+        low = high - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if raw.startswith(held[:ends[middle - 1]]):
+            low = middle
+        else:
+            high = middle - 1
+    return low
