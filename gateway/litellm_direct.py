@@ -13,7 +13,7 @@ import inspect
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import httpx
 import openai
@@ -107,13 +107,14 @@ def _resolve_direct_route(model: str, api_base: str, api_key: str) -> _DirectRou
                         url=f"{base.rstrip('/')}/chat/completions", config=config)
 
 
-def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool,
-                   memo: MessageMemo | None = None) -> tuple[dict[str, Any], dict[str, str]] | None:
+def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool, memo: MessageMemo | None = None,
+                   digests: Sequence[bytes | None] | None = None) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The body and extra headers LiteLLM would send for one `litellm.acompletion(**kwargs)` call to an
     OpenAI deployment, built by LiteLLM's own functions in the order `litellm.completion` and its OpenAI
     handler apply them; None where that call would take a route of its own (MCP tools, the Responses
     bridge, several streamed choices). With a `memo`, messages it has prepared for the route before are
-    taken from it (gateway/litellm_messages.py); without, every message is prepared again."""
+    taken from it (gateway/litellm_messages.py), those with a `digests` entry known by it (the exact
+    JSON text's digest); without, every message is prepared again."""
     named = {k: v for k, v in kwargs.items() if k in _COMPLETION_ARGS}
     unnamed = {k: v for k, v in kwargs.items() if k not in _COMPLETION_ARGS}
     tools = litellm_main.validate_and_fix_openai_tools(tools=named.get("tools"))
@@ -122,7 +123,7 @@ def openai_request(route: _DirectRoute, kwargs: Mapping[str, Any], stream: bool,
     if not _stays_on_chat(route, named.get("web_search_options")):
         return None
     given = named.get("messages") or []
-    prepared = memo.lookup(route, given, _litellm_params(route)) if memo is not None else None
+    prepared = memo.lookup(route, given, _litellm_params(route), digests) if memo is not None else None
     messages = message_steps(route, given) if prepared is None else prepared.messages
     named["tools"] = _checked_params(route, kwargs["model"], named, tools)
     optional_params, effort = _optional_params(route, named, unnamed, messages, memo)

@@ -162,21 +162,26 @@ class MessageMemo:
             self._routes.clear()
             self._calls.clear()
 
-    def lookup(self, route: Any, messages: Sequence[Any], litellm_params: Mapping[str, Any]) -> Prepared | None:
+    def lookup(self, route: Any, messages: Sequence[Any], litellm_params: Mapping[str, Any],
+               digests: Sequence[bytes | None] | None = None) -> Prepared | None:
         """The messages as `message_steps` prepares them, the new ones by it and the others from the
         memo (whose in-place fixes are made again in the caller's dicts); None when LiteLLM must prepare
-        the whole list."""
+        the whole list. `digests`: where a message's is known (`storage.canonical.exact_digest`, which
+        is as exact as the pickle, for a message of JSON's types), the key is made of it instead."""
         config = type(route.config)
         context = (f"{config.__module__}.{config.__qualname__}", route.model, route.provider, route.api_base,
                    id(litellm.model_cost), len(litellm.model_cost))
         if not self._maps_each_message(context, route, litellm_params):
             return None
         prefix = pickle.dumps(context)
+        by_digest = prefix + b"#"  # no pickle starts so
         try:
-            digests = [_key(prefix, message) for message in messages]
+            keys = [by_digest + digest if digest is not None else _key(prefix, message)
+                    for message, digest in zip(messages, digests)] if digests is not None \
+                and len(digests) == len(messages) else [_key(prefix, message) for message in messages]
         except Exception:  # no dict, or something pickle cannot write
             return None
-        known = list(map(self._prepared.get, digests))
+        known = list(map(self._prepared.get, keys))
         new = [i for i, entry in enumerate(known) if entry is None]
         if not all(_json_types(messages[i]) for i in new):
             return None  # kept out of the memo: see `_key`
@@ -193,7 +198,7 @@ class MessageMemo:
             return None
         if _without_unanswered_tool_search_calls(route, mapped) is not mapped:
             return None  # cannot be: no message holds a tool-search call
-        return Prepared(self, known, [digests[i] for i in new], mapped)
+        return Prepared(self, known, [keys[i] for i in new], mapped)
 
     def _maps_each_message(self, context: tuple[Any, ...], route: Any, litellm_params: Mapping[str, Any]) -> bool:
         maps = self._routes.get(context)

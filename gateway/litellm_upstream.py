@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import replace
+from operator import is_
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from gateway import tool_additions
@@ -150,6 +151,21 @@ def _wire_params(model: str, custom_provider: str | None) -> tuple[frozenset[str
     return (frozenset(supported) - _CALL_OPTIONS) | {"messages"}, provider in _OPENAI_WIRE
 
 
+def _known_digests(request: UpstreamRequest) -> list[bytes | None] | None:
+    """The parse's digest of each message of the body forwarded as the client sent it (the same keys and
+    values, by identity: the assembler's copy of it), None for any other; None after a first attempt
+    (LiteLLM's own path may have fixed messages in place)."""
+    messages, client, digests = request.body.get("messages"), request.client_messages, request.client_digests
+    if digests is None or request.attempts or type(messages) is not list:
+        return None
+    known: list[bytes | None] = [None] * len(messages)
+    for index, (sent, original, digest) in enumerate(zip(messages, client, digests)):
+        if digest is not None and type(sent) is dict and type(original) is dict and len(sent) == len(original) \
+                and all(map(is_, sent, original)) and all(map(is_, sent.values(), original.values())):
+            known[index] = digest
+    return known
+
+
 class LiteLLMUpstream:
     """Calls providers through `litellm.acompletion`, one call per request; chat completions for an
     OpenAI-compatible deployment go over `DirectChat` instead, with LiteLLM deciding what is sent.
@@ -176,7 +192,7 @@ class LiteLLMUpstream:
         if route is None:
             return None
         try:
-            built = openai_request(route, self._kwargs(request, stream), stream, self._memo)
+            built = openai_request(route, self._kwargs(request, stream), stream, self._memo, _known_digests(request))
         except Exception:  # a request LiteLLM refuses: its own path reports it
             return None
         if built is None:

@@ -187,6 +187,8 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         models_allowed=models_allowed,
         tokens=projection.tokens_forwarded,
         attempts=attempts,
+        client_messages=neutral.messages if projection.aligned else (),
+        client_digests=neutral.digests if projection.aligned else None,
     )
     return Conversation(request=upstream_request, rehydrator=rehydrator,
                         client_store=neutral.params.get("store") is not False, tracing=services.tracing)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping, Protocol
+from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
 
 # The run's id (`UpstreamRequest.request_id`), sent by the upstream client with every call (OpenAI
 # keeps this header in its own logs, so a support lookup there finds the run).
@@ -25,6 +25,11 @@ class UpstreamRequest:
     models_allowed: frozenset[str] | None = None
     tokens: int = 0
     attempts: list["Attempt"] = field(default_factory=list)
+    # The client's messages in the places of the body's and their digests from parsing
+    # (gateway/wire/seen_messages.py), where the projection kept every place: a message forwarded as
+    # the client sent it (the same values) is known to the direct transport's memo by its digest.
+    client_messages: Sequence[Mapping[str, Any]] = ()
+    client_digests: Sequence[bytes | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from gateway.litellm_direct import direct_route, openai_request
 from gateway.litellm_messages import MessageMemo
+from storage.canonical import exact_digest
 from litellm.llms.openai.chat import gpt_transformation
 
 ROUTE = direct_route({"model": "openai/fake", "api_base": "http://upstream.test/v1", "api_key": "sk-upstream"})
@@ -89,10 +90,13 @@ def kwargs_of(route: Any, messages: list[Any], extra: dict[str, Any]) -> dict[st
             "api_base": route.api_base, "extra_headers": {"x-gateway-request": "r1"}, **copy.deepcopy(extra)}
 
 
-def prepared(route: Any, messages: list[Any], extra: dict[str, Any], memo: MessageMemo | None) -> Any:
-    """The request `openai_request` builds (as JSON text), or the exception it raises; and the caller's dicts."""
+def prepared(route: Any, messages: list[Any], extra: dict[str, Any], memo: MessageMemo | None,
+             by_digest: bool = False) -> Any:
+    """The request `openai_request` builds (as JSON text), or the exception it raises; and the caller's dicts.
+    `by_digest`: the memo knows the messages by their digests, as parsing computes them."""
+    digests = [exact_digest(m) if type(m) is dict else None for m in messages] if by_digest else None
     try:
-        built = openai_request(route, kwargs_of(route, messages, extra), True, memo=memo)
+        built = openai_request(route, kwargs_of(route, messages, extra), True, memo=memo, digests=digests)
         outcome: Any = None if built is None else (json.dumps(built[0]), built[1])
     except Exception as exc:
         outcome = (type(exc).__name__, str(exc))
@@ -124,13 +128,15 @@ def next_transcript(transcript: list[Any], step: tuple[Any, ...], sent: list[Any
     return transcript
 
 
-def conversation(route: Any, first: list[Any], steps: list[tuple[Any, ...]], extras: list[dict[str, Any]]) -> None:
+def conversation(route: Any, first: list[Any], steps: list[tuple[Any, ...]], extras: list[dict[str, Any]],
+                 by_digest: bool = False) -> None:
     memo = MessageMemo()
     transcript = first
     for n, step in enumerate([("resend",), *steps]):
         extra = extras[n % len(extras)]
         with_memo = copy.deepcopy(transcript)
-        assert prepared(route, with_memo, extra, memo) == prepared(route, copy.deepcopy(transcript), extra, None)
+        assert prepared(route, with_memo, extra, memo, by_digest) == \
+            prepared(route, copy.deepcopy(transcript), extra, None)
         transcript = next_transcript(transcript, step, with_memo)
 
 
@@ -142,6 +148,15 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 def test_same_request_as_litellm_whole(first: list[Any], steps: list[tuple[Any, ...]],
                                        extras: list[dict[str, Any]]) -> None:
     conversation(ROUTE, first, steps, extras)
+
+
+@SETTINGS
+@given(transcripts, steps, st.lists(requests, min_size=1, max_size=3))
+def test_same_request_with_messages_known_by_their_digests(first: list[Any], steps: list[tuple[Any, ...]],
+                                                           extras: list[dict[str, Any]]) -> None:
+    """The gateway hands the memo the digests parsing computed (gateway/litellm_upstream.py's
+    `_known_digests`): the same requests, as the transcript grows, branches and changes in place."""
+    conversation(ROUTE, first, steps, extras, by_digest=True)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -184,3 +199,17 @@ def test_a_resent_transcript_comes_from_the_memo() -> None:
 ], ids=["pdf part", "tool-search call", "image in a tool message", "an object", "an int key"])
 def test_left_to_litellm_whole(transcript: list[Any]) -> None:
     assert MessageMemo().lookup(ROUTE, transcript, {"custom_llm_provider": "openai"}) is None
+
+
+def test_a_message_known_by_its_digest_comes_from_the_memo() -> None:
+    memo = MessageMemo()
+    transcript = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    digests = [exact_digest(m) for m in transcript]
+    for _ in range(2):
+        found = memo.lookup(ROUTE, copy.deepcopy(transcript), {"custom_llm_provider": "openai"}, digests)
+        assert found is not None
+        found.body(lambda some: {"messages": some}, None)
+    assert found._before_new == []
+    # Known by the digest only: the same messages without it are prepared again (and then remembered).
+    fresh = memo.lookup(ROUTE, copy.deepcopy(transcript), {"custom_llm_provider": "openai"})
+    assert fresh is not None and len(fresh._before_new) == 2

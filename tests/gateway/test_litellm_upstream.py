@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 import httpx
@@ -579,3 +580,25 @@ def test_cost_is_none_for_an_unknown_model(upstream: LiteLLMUpstream) -> None:
     usage = {"prompt_tokens": 1000, "completion_tokens": 200}
     assert upstream.cost_usd({"model": "openai/fake", "api_base": API_BASE}, usage) is None
     assert upstream.cost_usd({"model": "no-such-provider/no-such-model"}, usage) is None
+
+
+def test_known_digests_name_only_messages_forwarded_as_the_client_sent_them() -> None:
+    """The parse's digests go to the direct transport's memo for the assembler's copies of the client's
+    messages (the same keys and values), not for a message it replaced or one with other values, and
+    not once an attempt was made (LiteLLM may have fixed the messages in place)."""
+    from gateway.litellm_upstream import _known_digests
+    from gateway.upstream import Attempt, UpstreamRequest
+    client = [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c1", "content": "x" * 50},
+              {"role": "user", "content": "and?"}, {"role": "assistant", "content": "ok"}]
+    digests = [b"d0", b"d1", b"d2", None]
+    sent = [dict(client[0]), {**client[1], "content": "[compacted]"}, {"content": "and?", "role": "user"},
+            dict(client[3])]
+    request = UpstreamRequest(alias="fake", litellm_params={"model": "openai/fake"}, body={"messages": sent},
+                              timeout_seconds=5, request_id="req_1", client_messages=client, client_digests=digests)
+    assert _known_digests(request) == [b"d0", None, None, None]  # replaced; keys reordered; no digest
+    longer = replace(request, body={"messages": [*sent, {"role": "tool", "tool_call_id": "g", "content": "r"}]})
+    assert _known_digests(longer) == [b"d0", None, None, None, None]  # a hidden round's messages: unknown
+    assert _known_digests(replace(request, client_digests=None)) is None
+    tried = replace(request, attempts=[Attempt(deployment="d", model="fake", upstream_model="openai/fake",
+                                               outcome="error", http_status=500, latency_ms=1.0)])
+    assert _known_digests(tried) is None
