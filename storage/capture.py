@@ -255,7 +255,7 @@ class Capture(StoreBase):
         # retry) continues the one it repeats.
         leaves = [n.id for n in path]
         if connection.dialect.name == "sqlite":
-            previous = connection.execute(_PREVIOUS_RUN_SQLITE, {"leaves": json.dumps(leaves)}).first()
+            previous = connection.execute(_PREVIOUS_RUN_SQLITE, {"leaves": orjson.dumps(leaves).decode()}).first()
         else:
             previous = connection.execute(_PREVIOUS_RUN, {"leaves": leaves}).first()
         return IngestResult(
@@ -339,7 +339,8 @@ class Capture(StoreBase):
         existing: set[str] = set()
         members: set[str] = set()
         if connection.dialect.name == "sqlite":  # one JSON parameter: no statement built per id count
-            chunks = [connection.execute(_KNOWN_NODES_SQLITE, {"conversation": conversation, "ids": json.dumps(ids)})]
+            chunks = [connection.execute(_KNOWN_NODES_SQLITE,
+                                         {"conversation": conversation, "ids": orjson.dumps(ids).decode()})]
         else:
             chunks = [connection.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
                       for start in range(0, len(ids), _CHUNK)]
