@@ -115,11 +115,11 @@ class Conversation:
         rehydrator = self.rehydrator
         assert rehydrator is not None
         rehydrator.rounds = self.rounds + 1
-        decided = len(rehydrator.decisions)
+        decided = len(rehydrator.rehydrations)
         with self.tracing.span("gateway.rehydration", {"gateway.rehydration.round": rehydrator.rounds,
                                                        "gateway.rehydration.calls": len(calls)}) as span:
             answers = [await off_loop(rehydrator.answer, call) for call in calls]
-            decisions = rehydrator.decisions[decided:]
+            decisions = rehydrator.rehydrations[decided:]
             span.set_attributes({
                 "gateway.rehydration.artifact_ids": [str(d.get("artifact_id")) for d in decisions
                                                      if d.get("action") == "rehydrated"],

@@ -43,7 +43,8 @@ class GatewayMetrics:
         self.upstream_seconds.labels(model).observe(outcome.latency_ms / 1000)
         if assembly is not None:
             self.assembly_seconds.observe(assembly.timings_ms.get("assemble", 0.0) / 1000)
-            for decision in assembly.decisions:
+            # the Rehydrator's answers, and the messages the assembler rehydrated (named by the user)
+            for decision in (*assembly.notable.values(), *assembly.rehydrations):
                 if decision["action"] in ("rehydrated", "rehydration_refused"):
                     self.rehydrations.labels(tenant, decision["action"]).inc()
         if outcome.status != "ok":

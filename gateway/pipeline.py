@@ -168,7 +168,7 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
     if _offers_rehydration(policy, neutral):
         rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=run.tenant,
                                 participant=run.participant, provider=model.provider_name,
-                                decisions=assembly.decisions)
+                                rehydrations=assembly.rehydrations)
     if midway is not None and isinstance(wire, AnthropicMessages) and projection.aligned:
         first = projection.first_reference
         body = wire.upstream_body(neutral, projection.messages, stable,

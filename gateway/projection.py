@@ -100,7 +100,7 @@ def assembly_record(
         messages_forwarded=len(projection.messages),
         boundary_round=projection.boundary_round,
         epoch_round=projection.epoch_round,
-        decisions=[d.as_dict() for d in projection.decisions],
+        decided=projection.decisions,  # dicts made of the notable ones only (AssemblyRecord.notable)
         omissions=projection.omissions,
         timings_ms=timings_ms,
         parent_request_id=parent_request_id,

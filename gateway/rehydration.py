@@ -59,7 +59,7 @@ class Rehydrator:
     tenant: str
     participant: str
     provider: str
-    decisions: list[dict[str, Any]]
+    rehydrations: list[dict[str, Any]]  # the request's record's (AssemblyRecord.rehydrations): appended to
     rounds: int = 0
     _views: dict[str, ArtifactView] = field(default_factory=dict)
 
@@ -77,8 +77,8 @@ class Rehydrator:
         return name == self.name
 
     def _refuse(self, artifact_id: str | None, reason: str, text: str) -> str:
-        self.decisions.append({"index": None, "role": "tool", "action": "rehydration_refused", "reason": reason,
-                               "artifact_id": artifact_id, "round": self.rounds})
+        self.rehydrations.append({"index": None, "role": "tool", "action": "rehydration_refused", "reason": reason,
+                                  "artifact_id": artifact_id, "round": self.rounds})
         return f"[{self.name} refused: {text}]"
 
     def answer(self, call: Mapping[str, Any]) -> str:
@@ -129,8 +129,8 @@ class Rehydrator:
         # Line breaks survive redaction, so a range names the lines the memory numbered.
         raw, redacted = self.policy.redaction.redactor.redact_bytes(raw)
         answer = self._lines(artifact_id, raw, *lines) if lines is not None else self._bounded(artifact_id, raw)
-        if redacted and self.decisions[-1]["action"] == "rehydrated":
-            self.decisions[-1]["redacted"] = dict(redacted)
+        if redacted and self.rehydrations[-1]["action"] == "rehydrated":
+            self.rehydrations[-1]["redacted"] = dict(redacted)
         return answer
 
     def _lines(self, artifact_id: str, raw: bytes, first: int, last: int | None) -> str:
@@ -142,7 +142,7 @@ class Rehydrator:
         last = min(last or len(all_lines), len(all_lines))
         part = "\n".join(all_lines[first - 1:last]).encode("utf-8", "surrogatepass")
         body = self._bounded(artifact_id, part)
-        self.decisions[-1]["lines"] = [first, last]
+        self.rehydrations[-1]["lines"] = [first, last]
         return f"[{self.name}: artifact:{artifact_id} lines {first}-{last} of {len(all_lines)}]\n{body}"
 
     def _policy_refusal(self, view: ArtifactView) -> str | None:
@@ -166,15 +166,16 @@ class Rehydrator:
         text = raw.decode("utf-8", "replace")
         tokens = count_text(text)
         if len(raw) <= limits.max_bytes and tokens <= limits.max_tokens:
-            self.decisions.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "model_request",
-                                   "artifact_id": artifact_id, "round": self.rounds, "tokens_after": tokens})
+            self.rehydrations.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "model_request",
+                                      "artifact_id": artifact_id, "round": self.rounds, "tokens_after": tokens})
             return text
         # A bounded excerpt: whole characters up to both limits, marked as such.
         cut = min(len(text), limits.max_bytes, limits.max_tokens * 3)
         while cut > 0 and (len(text[:cut].encode()) > limits.max_bytes or count_text(text[:cut]) > limits.max_tokens):
             cut = int(cut * 0.9)
         excerpt = text[:cut]
-        self.decisions.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "bounded_excerpt",
-                               "artifact_id": artifact_id, "round": self.rounds, "tokens_after": count_text(excerpt)})
+        self.rehydrations.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "bounded_excerpt",
+                                  "artifact_id": artifact_id, "round": self.rounds,
+                                  "tokens_after": count_text(excerpt)})
         return (f"{excerpt}\n[{self.name}: excerpt of artifact:{artifact_id}, the first {len(excerpt)} of "
                 f"{len(text)} characters ({len(raw)} bytes); the policy bounds rehydration]")

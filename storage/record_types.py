@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+from policies.assembly_types import Decision
 from policies.result_facts import BoundedCache
 from storage.canonical import fast_canonical_json
 from storage.schema import ContextAssembly, ModelRun, ToolArtifact
@@ -86,7 +87,12 @@ class IngestResult:
 
 @dataclass(frozen=True)
 class AssemblyRecord:
-    """A ContextAssembly as the gateway hands it to the store (plain values only)."""
+    """A ContextAssembly as the gateway hands it to the store (plain values only).
+
+    Its decisions (`decisions`: one per message, then the rehydrations) are held as they come: a fresh
+    assembly's per-message ones as the assembler's `Decision`s (`decided`), a record read back from its
+    row's as dicts (`restored`). The request path makes dicts only of the notable ones (`notable`):
+    most of a request's messages are `verbatim`, which nothing stores."""
 
     policy_name: str
     policy_version: str
@@ -97,9 +103,12 @@ class AssemblyRecord:
     messages_forwarded: int
     boundary_round: int
     epoch_round: int
-    decisions: list[dict[str, Any]]  # one per message; rehydrations are appended as they happen
     omissions: dict[str, int]
     timings_ms: dict[str, float]
+    decided: tuple[Decision, ...] = ()  # one per message, as assembled (a fresh assembly)
+    restored: list[dict[str, Any]] | None = None  # one per message, as read back (then `decided` is empty)
+    # The rehydrations (`index` None), in order: the request's Rehydrator appends them as they happen.
+    rehydrations: list[dict[str, Any]] = field(default_factory=list)
     parent_request_id: str | None = None
     # What was forwarded in place of a client's message, by message index: stored once per
     # conversation and named from its decision by digest. Messages forwarded as the client sent
@@ -123,7 +132,15 @@ class AssemblyRecord:
         """The decisions a reader cannot restore, by message index (worked out once per record)."""
         return _notable(self)
 
+    @property
+    def decisions(self) -> list[dict[str, Any]]:
+        """One decision per message, then the rehydrations: a new list of dicts on every read (the records
+        API, the dashboard); the request path reads `notable` and `rehydrations` instead."""
+        per_message = self.restored if self.restored is not None else [d.as_dict() for d in self.decided]
+        return per_message + self.rehydrations
+
     def as_dict(self) -> dict[str, Any]:
+        decisions = self.decisions
         return {
             "object": "context_assembly",
             "policy": {"name": self.policy_name, "version": self.policy_version},
@@ -132,8 +149,8 @@ class AssemblyRecord:
             "messages": {"original": self.messages_original, "forwarded": self.messages_forwarded},
             "epoch": {"boundary_round": self.boundary_round, "epoch_round": self.epoch_round},
             "omissions": self.omissions,
-            "decisions": self.decisions,
-            "rehydrations": sum(1 for d in self.decisions if d["action"] == "rehydrated"),
+            "decisions": decisions,
+            "rehydrations": sum(1 for d in decisions if d["action"] == "rehydrated"),
             "timings_ms": self.timings_ms,
             "links": {"parent_request_id": self.parent_request_id},
         }
@@ -328,10 +345,7 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     forwarded = record.forwarded
     base = record.base_decisions if record.base_request_id is not None else None
     out = {}
-    for decision in record.decisions:
-        index = decision.get("index")
-        if index is None or decision.get("action") == "verbatim":
-            continue
+    for index, decision in _per_message_notable(record):
         if index in forwarded:
             decision = {**decision, "forwarded": forwarded[index][1]}
         if base is not None:
@@ -340,6 +354,15 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
                 decision = held
         out[index] = decision
     return out
+
+
+def _per_message_notable(record: AssemblyRecord) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, decision) of each per-message decision but `verbatim`, as a dict: a fresh assembly's made
+    only for these (a request's messages are mostly `verbatim`)."""
+    if record.restored is not None:
+        return ((d["index"], d) for d in record.restored
+                if d.get("index") is not None and d.get("action") != "verbatim")
+    return ((d.index, d.as_dict()) for d in record.decided if d.action != "verbatim")
 
 
 def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
@@ -354,7 +377,7 @@ def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
         out = [d for i, d in notable.items() if not _same_decision(base.get(i), d)]
         out += [{"index": i, "role": d.get("role"), "action": "verbatim", "reason": "kept", "artifact_id": None}
                 for i, d in base.items() if i not in notable]
-    return sorted(out, key=lambda d: d["index"]) + [d for d in record.decisions if d.get("index") is None]
+    return sorted(out, key=lambda d: d["index"]) + list(record.rehydrations)
 
 
 def _epochless(decision: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -412,22 +435,23 @@ def merged_decisions(chain: list[ContextAssembly]) -> dict[int, dict[str, Any]]:
     return {i: d for i, d in merged.items() if d.get("action") != "verbatim"}
 
 
-def full_decisions(notable: Mapping[int, dict[str, Any]], roles: list[str],
-                   rehydrations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def full_decisions(notable: Mapping[int, dict[str, Any]], roles: list[str]) -> list[dict[str, Any]]:
     """One decision per message: the notable ones, and `verbatim` for every other message."""
-    out = [notable.get(i) or {"index": i, "role": role, "action": "verbatim", "reason": "kept", "artifact_id": None}
-           for i, role in enumerate(roles)]
-    return out + rehydrations
+    return [notable.get(i) or {"index": i, "role": role, "action": "verbatim", "reason": "kept", "artifact_id": None}
+            for i, role in enumerate(roles)]
 
 
 def assembly_from_row(row: ContextAssembly, roles: list[str] | None = None,
                       chain: list[ContextAssembly] | None = None) -> AssemblyRecord:
     """The record of `row`; `chain` (the row and its bases) and the path's `roles` restore the
-    decisions it did not store (recorded whole before migration 0005, they need neither)."""
-    decisions = json.loads(row.decisions_json)
+    decisions it did not store (recorded whole before migration 0005, they need neither). The
+    rehydrations are stored after the per-message decisions, as they were made."""
+    stored = json.loads(row.decisions_json)
+    rehydrations = [d for d in stored if d.get("index") is None]
     if roles is not None and row.forwarded_zlib is None:
-        rehydrations = [d for d in decisions if d.get("index") is None]
-        decisions = full_decisions(merged_decisions(chain or [row]), roles, rehydrations)
+        restored = full_decisions(merged_decisions(chain or [row]), roles)
+    else:
+        restored = [d for d in stored if d.get("index") is not None]
     return AssemblyRecord(
         policy_name=row.policy_name,
         policy_version=row.policy_version,
@@ -438,7 +462,8 @@ def assembly_from_row(row: ContextAssembly, roles: list[str] | None = None,
         messages_forwarded=row.messages_forwarded,
         boundary_round=row.boundary_round,
         epoch_round=row.epoch_round,
-        decisions=decisions,
+        restored=restored,
+        rehydrations=rehydrations,
         omissions=json.loads(row.omissions_json),
         timings_ms=json.loads(row.timings_json),
         parent_request_id=row.parent_request_id,

@@ -10,6 +10,7 @@ from typing import Any
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway
 
@@ -114,6 +115,11 @@ def test_model_rehydrates_and_the_client_sees_only_the_answer(gateway: RunningGa
     assert record["usage"]["prompt_tokens"] == 400
     assert record["assembly"]["rehydrations"] == 1
     assert any(d["action"] == "rehydrated" and d["artifact_id"] == artifact_id for d in record["assembly"]["decisions"])
+    with gateway.client() as http:  # the run's record (its Rehydrator appended to it) is what /metrics counts
+        metrics = http.get("/metrics").text
+    assert {tuple(sorted(s.labels.items())): s.value for family in text_string_to_metric_families(metrics)
+            for s in family.samples if s.name == "gateway_rehydrations_total"} == {
+        (("outcome", "rehydrated"), ("tenant", "acme")): 1.0}
 
 
 def test_model_rehydrates_the_lines_a_memory_points_at(gateway: RunningGateway) -> None:

@@ -63,7 +63,7 @@ def test_assembler_and_rehydration_follow_the_one_rule(tool: str, provider: str,
         assert decision.action in ("compacted", "verbatim") and decision.reason != "other_participant"
     # Rehydration gives raw bytes exactly when the rule says raw.
     rehydrator = Rehydrator(policy=POLICY, records=records, store=None, tenant="t",  # type: ignore[arg-type]
-                            participant=participant or "alice", provider=provider, decisions=[])
+                            participant=participant or "alice", provider=provider, rehydrations=[])
     as_rehydrator_sees = access(POLICY, view, provider=provider, participant=participant or "alice",
                                 subagent_results=subagents)
     refusal = rehydrator._policy_refusal(view)

@@ -243,7 +243,7 @@ def test_a_projection_stored_whole_before_0005_is_sealed_by_rotation(stores) -> 
     store.ingest(path, start)
     assembly = AssemblyRecord(policy_name="p", policy_version="1", assembler_version="1", tokens_original=1,
                               tokens_forwarded=1, messages_original=4, messages_forwarded=4, boundary_round=0,
-                              epoch_round=0, decisions=[], omissions={}, timings_ms={})
+                              epoch_round=0, omissions={}, timings_ms={})
     store.finish_run(start.request_id, RunOutcome(status="ok", latency_ms=1.0), assembly)
     projection = [{"role": "tool", "tool_call_id": "c1", "content": small}]
     with store.engine.begin() as connection:  # as revision 0004 stored projections

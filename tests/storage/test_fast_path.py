@@ -11,16 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.assembly_bases import RecentAssemblies
+from policies.assembly_types import Decision
 from storage.capture import _sqlite_moment
 from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord, as_utc, message_digest, stored_decisions
 
 
-def _record(replaced: dict[int, dict[str, Any]], **fields: Any) -> AssemblyRecord:
-    decisions = [{"index": i, "role": "tool", "action": "compacted" if i in replaced else "verbatim",
-                  "reason": "epoch:4", "artifact_id": None} for i in range(8)]
+def _record(replaced: dict[int, dict[str, Any]], reasons: dict[int, str] | None = None,
+            **fields: Any) -> AssemblyRecord:
+    decided = tuple(Decision(i, "tool", "compacted", (reasons or {}).get(i, "epoch:4")) if i in replaced
+                    else Decision.verbatim(i, "tool", 1) for i in range(8))
     return AssemblyRecord(policy_name="p", policy_version="1", assembler_version="1", tokens_original=1,
                           tokens_forwarded=1, messages_original=8, messages_forwarded=8, boundary_round=0,
-                          epoch_round=4, decisions=decisions, omissions={}, timings_ms={}, replaced=replaced,
+                          epoch_round=4, decided=decided, omissions={}, timings_ms={}, replaced=replaced,
                           **fields)
 
 
@@ -68,14 +70,12 @@ def test_a_decision_equal_to_its_bases_is_held_once() -> None:
     recent.remember("req_1", first)
     # 1: the same; 2: another memory (another digest); 3: another reason; 4: new
     later = _record({1: _memory("one"), 2: _memory("two, rendered again"), 3: _memory("three"),
-                     4: _memory("four")})
-    later.decisions[3]["reason"] = "stale"
+                     4: _memory("four")}, reasons={3: "stale"})
     second = recent.based(later, "req_1")
     assert second.notable[1] is first.notable[1]
     assert all(second.notable[i] is not first.notable[i] for i in (2, 3))
     unshared = _record({1: _memory("one"), 2: _memory("two, rendered again"), 3: _memory("three"),
-                        4: _memory("four")})
-    unshared.decisions[3]["reason"] = "stale"
+                        4: _memory("four")}, reasons={3: "stale"})
     assert second.notable == unshared.notable
     plain = replace(unshared, base_request_id="req_1", base_decisions=first.notable)
     assert stored_decisions(second) == stored_decisions(plain)
