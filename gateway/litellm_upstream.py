@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import replace
-from operator import is_
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from gateway import tool_additions
@@ -152,18 +151,14 @@ def _wire_params(model: str, custom_provider: str | None) -> tuple[frozenset[str
 
 
 def _known_digests(request: UpstreamRequest) -> list[bytes | None] | None:
-    """The parse's digest of each message of the body forwarded as the client sent it (the same keys and
-    values, by identity: the assembler's copy of it), None for any other; None after a first attempt
-    (LiteLLM's own path may have fixed messages in place)."""
-    messages, client, digests = request.body.get("messages"), request.client_messages, request.client_digests
+    """The parse's digests of the body's messages forwarded as the client sent them (`client_digests`;
+    a hidden round's messages after them have none); None after a first attempt (LiteLLM's own path
+    may have fixed messages in place)."""
+    messages, digests = request.body.get("messages"), request.client_digests
     if digests is None or request.attempts or type(messages) is not list:
         return None
-    known: list[bytes | None] = [None] * len(messages)
-    for index, (sent, original, digest) in enumerate(zip(messages, client, digests)):
-        if digest is not None and type(sent) is dict and type(original) is dict and len(sent) == len(original) \
-                and all(map(is_, sent, original)) and all(map(is_, sent.values(), original.values())):
-            known[index] = digest
-    return known
+    known = list(digests[:len(messages)])
+    return known + [None] * (len(messages) - len(known))
 
 
 class LiteLLMUpstream:

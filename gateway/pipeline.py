@@ -187,11 +187,19 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         models_allowed=models_allowed,
         tokens=projection.tokens_forwarded,
         attempts=attempts,
-        client_messages=neutral.messages if projection.aligned else (),
-        client_digests=neutral.digests if projection.aligned else None,
+        client_digests=_as_sent_digests(neutral, projection),
     )
     return Conversation(request=upstream_request, rehydrator=rehydrator,
                         client_store=neutral.params.get("store") is not False, tracing=services.tracing)
+
+
+def _as_sent_digests(neutral: NeutralRequest, projection: Projection) -> list[bytes | None] | None:
+    """The parse's digest of each forwarded message that is the client's as it came (None for the others),
+    when every place was kept: the direct transport's memo knows those messages by it."""
+    digests, as_sent = neutral.digests, projection.as_sent
+    if digests is None or len(as_sent) != len(digests):
+        return None
+    return [digest if same else None for digest, same in zip(digests, as_sent)]
 
 
 def _offers_rehydration(policy: Policy, neutral: NeutralRequest) -> bool:

@@ -25,10 +25,9 @@ class UpstreamRequest:
     models_allowed: frozenset[str] | None = None
     tokens: int = 0
     attempts: list["Attempt"] = field(default_factory=list)
-    # The client's messages in the places of the body's and their digests from parsing
-    # (gateway/wire/seen_messages.py), where the projection kept every place: a message forwarded as
-    # the client sent it (the same values) is known to the direct transport's memo by its digest.
-    client_messages: Sequence[Mapping[str, Any]] = ()
+    # The digests from parsing (gateway/wire/seen_messages.py) of the body's messages that are the
+    # client's as it sent them, by place (None for the others; None for all when a place was dropped):
+    # the direct transport's memo knows those messages by them.
     client_digests: Sequence[bytes | None] | None = None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from operator import is_
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
@@ -573,6 +574,7 @@ def assemble(
         next_move_from=epochs.upcoming if epochs.upcoming is not None
         and decisions[epochs.upcoming].action == "verbatim" else None,
         next_move_due=epochs.due and epochs.upcoming is not None and decisions[epochs.upcoming].action == "verbatim",
+        as_sent=tuple(map(is_, out, as_sent)) if projection_messages is out else (),
     )
 
 

@@ -82,6 +82,9 @@ class Projection:
     next_move_from: int | None = None  # the first message the next move is expected to change (if foreseen)
     next_move_due: bool = False  # the next request is expected to make that move
     assembler_version: str = ASSEMBLER_VERSION
+    # Whether forwarded message i is the client's message i as it came (a copy of it no decision
+    # changed), when no message was omitted (else empty).
+    as_sent: tuple[bool, ...] = ()
 
     @property
     def names_artifacts(self) -> bool:

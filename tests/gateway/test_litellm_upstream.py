@@ -583,21 +583,30 @@ def test_cost_is_none_for_an_unknown_model(upstream: LiteLLMUpstream) -> None:
 
 
 def test_known_digests_name_only_messages_forwarded_as_the_client_sent_them() -> None:
-    """The parse's digests go to the direct transport's memo for the assembler's copies of the client's
-    messages (the same keys and values), not for a message it replaced or one with other values, and
+    """The parse's digests go to the direct transport's memo for the messages the projection forwarded
+    as the client sent them (`Projection.as_sent`), not for one it replaced nor a hidden round's, and
     not once an attempt was made (LiteLLM may have fixed the messages in place)."""
     from gateway.litellm_upstream import _known_digests
+    from gateway.pipeline import _as_sent_digests
     from gateway.upstream import Attempt, UpstreamRequest
+    from gateway.wire import NeutralRequest
+    from policies.assembly_types import Projection
     client = [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c1", "content": "x" * 50},
-              {"role": "user", "content": "and?"}, {"role": "assistant", "content": "ok"}]
-    digests = [b"d0", b"d1", b"d2", None]
-    sent = [dict(client[0]), {**client[1], "content": "[compacted]"}, {"content": "and?", "role": "user"},
-            dict(client[3])]
+              {"role": "assistant", "content": "ok"}]
+    neutral = NeutralRequest(model="fake", messages=client, stream=False, params={}, digests=[b"d0", b"d1", None])
+    sent = [dict(client[0]), {**client[1], "content": "[compacted]"}, dict(client[2])]
+    projection = Projection(messages=sent, decisions=(), omissions={}, tokens_original=0, tokens_forwarded=0,
+                            policy_name="p", policy_version="1", boundary_round=0, epoch_round=0,
+                            as_sent=(True, False, True))
+    digests = _as_sent_digests(neutral, projection)
+    assert digests == [b"d0", None, None]
+    assert _as_sent_digests(neutral, replace(projection, as_sent=())) is None  # a message was omitted
+    assert _as_sent_digests(replace(neutral, digests=None), projection) is None
     request = UpstreamRequest(alias="fake", litellm_params={"model": "openai/fake"}, body={"messages": sent},
-                              timeout_seconds=5, request_id="req_1", client_messages=client, client_digests=digests)
-    assert _known_digests(request) == [b"d0", None, None, None]  # replaced; keys reordered; no digest
+                              timeout_seconds=5, request_id="req_1", client_digests=digests)
+    assert _known_digests(request) == [b"d0", None, None]
     longer = replace(request, body={"messages": [*sent, {"role": "tool", "tool_call_id": "g", "content": "r"}]})
-    assert _known_digests(longer) == [b"d0", None, None, None, None]  # a hidden round's messages: unknown
+    assert _known_digests(longer) == [b"d0", None, None, None]  # a hidden round's messages: unknown
     assert _known_digests(replace(request, client_digests=None)) is None
     tried = replace(request, attempts=[Attempt(deployment="d", model="fake", upstream_model="openai/fake",
                                                outcome="error", http_status=500, latency_ms=1.0)])

@@ -413,3 +413,22 @@ def test_a_verbatim_decision_made_fast_is_the_decision_made_plainly() -> None:
     assert dataclasses.astuple(fast) == dataclasses.astuple(plain)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.action = "compacted"  # type: ignore[misc]
+
+
+def test_as_sent_names_the_messages_forwarded_as_they_came() -> None:
+    """`Projection.as_sent[i]`: forwarded message i is the client's message i unchanged (the direct
+    transport's memo then knows it by the client's digest); empty once a message is omitted."""
+    messages = conversation(6)
+    projection, _ = project(messages, policy(compaction={"argument_min_tokens": 1}))
+    assert len(projection.as_sent) == len(messages)
+    for index, (same, sent) in enumerate(zip(projection.as_sent, projection.messages)):
+        assert same == (projection.decisions[index].action == "verbatim"), index
+        assert (sent == messages[index]) if same else (sent != messages[index]), index
+    assert not all(projection.as_sent) and any(projection.as_sent)
+    full, _ = project(messages, policy(compaction={"trigger_tokens": 10**9}))
+    for share in (3, 5, 8, 12, 20):  # a budget tight enough that a round is omitted
+        tight = policy(compaction={"trigger_tokens": 10**9}, budget={"max_prompt_tokens": full.tokens_original // share})
+        fitted, _ = project(messages, tight)
+        if not fitted.aligned:
+            break
+    assert not fitted.aligned and fitted.as_sent == ()
