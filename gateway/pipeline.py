@@ -42,7 +42,7 @@ from gateway.wire.openai_responses import check_pairs, output_to_neutral
 from gateway.wire.json_body import check_text
 from policies.assembly_types import Projection, Records
 from policies.policy import Policy
-from policies.transcript import message_path
+from policies.transcript import PathNode, message_path
 from storage.record_types import AssemblyRecord, IngestResult, RunStart, UnknownParentRequest, UnstorableValue
 
 SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id", "x-claude-code-session-id")
@@ -260,21 +260,12 @@ def _stable_ends(policy: Policy, projection: Projection, previous_end: int | Non
     return ends
 
 
-def _node_ids(services: Services, neutral: NeutralRequest) -> Callable[[str, str | None, Mapping[str, Any]], str]:
-    """The node-id cache, handed the digests parsing worked out (none are computed twice)."""
-    node_ids = services.node_ids
-    messages, digests = neutral.messages, neutral.digests
-    if digests is None:
-        return node_ids
-    place = 0  # `message_path` places the messages in order: the next one is most likely messages[place]
-
-    def ids(tenant: str, parent: str | None, message: Mapping[str, Any]) -> str:
-        nonlocal place
-        digest = digests[place] if place < len(messages) and messages[place] is message else None
-        place += 1
-        return node_ids(tenant, parent, message, digest)
-
-    return ids
+def _path(services: Services, tenant: str, neutral: NeutralRequest) -> list[PathNode]:
+    """The request's messages placed in the tenant's tree, by the node-id cache, with the digests parsing
+    worked out (none are computed twice)."""
+    if neutral.digests is None:
+        return message_path(tenant, neutral.messages, ids=services.node_ids)
+    return services.node_ids.path(tenant, neutral.messages, neutral.digests)
 
 
 def _capture_and_project(services: Services, recorder: RunRecorder, policy: Policy, model: ModelSettings,
@@ -285,7 +276,7 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
     added where the first memory appears (the first compaction pays for it); `foresee`: the format places
     cache markers, which go before the message the next move is expected to change."""
     run = recorder.start
-    path = message_path(tenant, neutral.messages, ids=_node_ids(services, neutral))
+    path = _path(services, tenant, neutral)
     started = time.perf_counter()
     with services.tracing.span("gateway.ingest", {"gateway.ingest.messages": len(path)}) as span:
         try:

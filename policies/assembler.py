@@ -549,7 +549,7 @@ def assemble(
         projection_messages = fit_budget(state, out, decisions, omissions, latest)
     if records.sibling_artifacts:
         omissions["sibling_branch"] += records.sibling_artifacts
-    verbatim, tokens_of = Decision.verbatim, state.tokens
+    verbatim, tokens_of = Decision.as_is, state.tokens
     for index, message in enumerate(messages):
         if index not in decisions:
             decisions[index] = verbatim(index, str(message.get("role")), tokens_of[index])

@@ -4,17 +4,24 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 
-def orphan_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+def orphan_tool_messages(messages: Sequence[Mapping[str, Any]], checked: int = 0) -> list[tuple[int, str]]:
     """Tool messages that answer no call of the assistant message they follow.
 
     Returns (index, reason) pairs. A tool message must come after an assistant
     message with `tool_calls` (other tool messages may sit between them) and
-    name one of its call ids, at most once.
+    name one of its call ids, at most once. `checked`: the first messages are
+    known to have none (they were checked as a transcript of their own; what a
+    message is found to be depends only on what precedes it): the walk starts
+    at the last of them that is no tool message.
     """
     problems: list[tuple[int, str]] = []
     open_calls: set[str] | None = None
     answered: set[str] = set()
-    for index, message in enumerate(messages):
+    begin = min(checked, len(messages)) - 1
+    while begin > 0 and messages[begin].get("role") == "tool":
+        begin -= 1
+    begin = max(begin, 0)
+    for index, message in enumerate(messages[begin:] if begin else messages, begin):
         role = message.get("role")
         if role == "assistant":
             open_calls = {c.get("id") for c in message.get("tool_calls") or []}

@@ -12,11 +12,11 @@ import hashlib
 import itertools
 import json
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import orjson
 
-from policies.transcript import canonical_json, node_id
+from policies.transcript import PathNode, canonical_json, message_path, node_id
 
 _MAX_DEPTH = 64  # deeper than any message a client sends: `canonical_json` decides
 
@@ -161,6 +161,33 @@ class NodeIds:
                 self._ids[key] = found
                 trim_oldest(self._ids, self.limit)
         return found
+
+    def path(self, tenant: str, messages: Sequence[Mapping[str, Any]],
+             digests: Sequence[bytes | None]) -> list[PathNode]:
+        """`message_path(tenant, messages, ids=self)` with each message's digest given (`digests[i]`:
+        message i's, or None), in one loop: a 1,000-message request places 1,000 messages, and a call
+        per message through `__call__` cost about half of it."""
+        if len(digests) != len(messages):
+            return message_path(tenant, messages, ids=self)
+        known, path, parent = self._ids, [], None
+        learned: dict[tuple[str, str | None, bytes], str] = {}
+        for position, (message, digest) in enumerate(zip(messages, digests)):
+            if digest is None:
+                found = self(tenant, parent, message)
+            else:
+                key = (tenant, parent, digest)
+                found = known.get(key)
+                if found is None:
+                    found = learned[key] = node_id(tenant, parent, message, fast_canonical_json)
+            path.append(PathNode(found, parent, position, message))
+            parent = found
+        if learned:
+            with self._adding:
+                known.update(learned)
+                trim_oldest(known, self.limit)
+                for stale in list(itertools.islice(known, max(0, len(known) - self.limit))):
+                    del known[stale]  # a path of more new messages than a quarter of the limit
+        return path
 
     def __len__(self) -> int:
         return len(self._ids)

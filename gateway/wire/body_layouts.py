@@ -40,12 +40,25 @@ _SPACE = b" \t\n\r"
 _MESSAGES = b'"messages"'
 
 
-class Layout(NamedTuple):
-    raw: bytes
-    ends: list[int]  # the offset just past each message
-    close: int  # the offset of the `]` closing the messages
+class Layout:
+    __slots__ = ("raw", "ends", "close", "digests", "compact", "checked")
+
+    def __init__(self, raw: bytes, ends: list[int], close: int, digests: list[bytes | None], compact: bool) -> None:
+        self.raw = raw
+        self.ends = ends  # the offset just past each message
+        self.close = close  # the offset of the `]` closing the messages
+        self.digests = digests
+        self.compact = compact  # `raw` is exactly orjson's text of its parse
+        self.checked = False  # the body passed its format's checks (`BodyLayouts.passed`)
+
+
+class Laid(NamedTuple):
+    """A body's digests, its layout (None: not laid out), and how many of its first messages are those of
+    a body that passed its format's checks (their bytes are that body's)."""
+
     digests: list[bytes | None]
-    compact: bool  # `raw` is exactly orjson's text of its parse
+    layout: Layout | None
+    checked: int
 
 
 Key = tuple[bytes | None, bytes | None]
@@ -181,22 +194,30 @@ class BodyLayouts:
         self._held = 0
         self._lock = threading.Lock()
 
-    def digests(self, raw: bytes, body: dict[str, Any]) -> list[bytes | None]:
+    def lay_out(self, raw: bytes, body: dict[str, Any]) -> Laid:
         """`exact_digest` of each of `body["messages"]` (`body`: orjson's parse of `raw`, at least two
         messages), taken from a recent body for the messages whose bytes it holds."""
         messages = body["messages"]
         key = (exact_digest(messages[0]), exact_digest(messages[1]))
-        layout = self._extended(raw, body, key) if key in self._layouts else None
+        found = self._extended(raw, body, key) if key in self._layouts else None
+        layout, checked = found if found is not None else (self._laid_out(raw, body, key), 0)
         if layout is None:
-            layout = self._laid_out(raw, body, key)
-        if layout is None:
-            return [exact_digest(message) for message in messages]
-        if layout.ends:
-            self._remember(key, layout)
-        return layout.digests
+            return Laid([exact_digest(message) for message in messages], None, 0)
+        if not layout.ends:
+            return Laid(layout.digests, None, 0)
+        self._remember(key, layout)
+        return Laid(layout.digests, layout, checked)
 
-    def _extended(self, raw: bytes, body: dict[str, Any], key: Key) -> Layout | None:
-        """The layout of `raw` from the recent body sharing the most messages with it, if one does."""
+    @staticmethod
+    def passed(laid: Laid) -> None:
+        """The body of `laid` passed its format's checks (each of which looks at a message and what
+        precedes it alone, so any prefix of its messages passes them too)."""
+        if laid.layout is not None:
+            laid.layout.checked = True
+
+    def _extended(self, raw: bytes, body: dict[str, Any], key: Key) -> tuple[Layout, int] | None:
+        """The layout of `raw` from the recent body sharing the most messages with it, if one does, and
+        how many of them a checked body holds."""
         messages = body["messages"]
         best, shared = None, 0
         for known in self._layouts.get(key, ()):
@@ -210,8 +231,9 @@ class BodyLayouts:
                 best, shared = known, count
         if best is None:
             return None
+        checked = shared if best.checked else 0
         if len(raw) == len(best.raw) and raw == best.raw:
-            return best
+            return best, checked
         try:
             texts = [orjson.dumps(message) for message in messages[shared:]]
         except TypeError:
@@ -231,7 +253,7 @@ class BodyLayouts:
                 return None
         ends, close = found
         return Layout(raw, best.ends[:shared] + ends, close, best.digests[:shared] + list(map(text_digest, texts)),
-                      compact)
+                      compact), checked
 
     def _laid_out(self, raw: bytes, body: dict[str, Any], key: Key) -> Layout | None:
         """The layout of a body seen for the first time, where it can be shown (the module's docstring);

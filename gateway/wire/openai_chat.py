@@ -105,8 +105,10 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "bool", "none", "float") or "[" in part)
 
 
-def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]], indices: Sequence[int]) -> None:
-    """The checks of each message pydantic validated (at `indices`), then of the transcript as a whole."""
+def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]], indices: Sequence[int],
+                    prefix_checked: int = 0) -> None:
+    """The checks of each message pydantic validated (at `indices`), then of the transcript as a whole
+    (its first `prefix_checked` messages passed them before, as the transcript of a body of their own)."""
     for index, message in zip(indices, checked.messages):
         where = f"messages[{index}]"
         if isinstance(message.content, list):
@@ -123,7 +125,7 @@ def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]], indices:
             check_text(call.id, f"{where}.tool_calls[{number}].id")
             check_text(call.function.name, f"{where}.tool_calls[{number}].function.name")
             check_text(call.function.arguments, f"{where}.tool_calls[{number}].function.arguments")
-    orphans = orphan_tool_messages(messages)
+    orphans = orphan_tool_messages(messages, prefix_checked)
     if orphans:
         index, reason = orphans[0]
         param = f"messages[{index}]"
@@ -142,11 +144,16 @@ def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
     same float it holds), so a message seen before is plain too: the same JSON, in the same place."""
     messages = body.get("messages")
     digests: list[bytes | None] | None = None
+    laid = None
     indices: Sequence[int] = range(len(messages)) if isinstance(messages, list) else ()
     validated = body
     if isinstance(messages, list) and len(messages) >= MIN_MESSAGES:
         # A body orjson read whole: the digests of the messages it shares with a recent body's bytes are that body's.
-        digests = _LAYOUTS.digests(raw, body) if unread is not None and raw is not None else message_digests(messages)
+        if unread is not None and raw is not None:
+            laid = _LAYOUTS.lay_out(raw, body)
+            digests = laid.digests
+        else:
+            digests = message_digests(messages)
         unseen = _SEEN.unseen(digests) or [len(messages) - 1]  # the body's schema wants one message
         if len(unseen) < len(messages):
             indices = unseen
@@ -169,9 +176,11 @@ def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
             raise InvalidRequest(f"tools[{index}].function: is required for a function tool",
                                  param=f"tools[{index}].function")
     messages = body["messages"]
-    _check_messages(checked, messages, indices)
+    _check_messages(checked, messages, indices, laid.checked if laid is not None else 0)
     if digests is not None and unread is not None:
         _SEEN.passed(digests, indices)
+    if laid is not None:
+        _LAYOUTS.passed(laid)
     options = body.get("stream_options")
     return NeutralRequest(
         model=checked.model,

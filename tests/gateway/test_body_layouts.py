@@ -68,7 +68,7 @@ def test_digests_are_those_of_the_parse(steps: list[tuple[int, str, str, str]]) 
     layouts = BodyLayouts()
     for rounds, style, order, tag in steps:
         raw = write(body_of(transcript(rounds, tag), order), style)
-        assert layouts.digests(raw, orjson.loads(raw)) == fresh(raw)
+        assert layouts.lay_out(raw, orjson.loads(raw)).digests == fresh(raw)
 
 
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
@@ -89,30 +89,30 @@ def test_a_grown_transcript_digests_only_its_new_messages(monkeypatch: pytest.Mo
     digested = counted(monkeypatch)
     first = write(body_of(transcript(10), "last"), style)
     second = write(body_of(transcript(10), "last"), style)  # the same bytes again: a second sight
-    assert layouts.digests(first, orjson.loads(first)) == fresh(first)
-    assert layouts.digests(second, orjson.loads(second)) == fresh(second)
+    assert layouts.lay_out(first, orjson.loads(first)).digests == fresh(first)
+    assert layouts.lay_out(second, orjson.loads(second)).digests == fresh(second)
     digested.clear()
     grown = write(body_of(transcript(11), "last"), style)
-    assert layouts.digests(grown, orjson.loads(grown)) == fresh(grown)
+    assert layouts.lay_out(grown, orjson.loads(grown)).digests == fresh(grown)
     assert len(digested) == 2  # the new round's call and result
     digested.clear()
-    assert layouts.digests(first, orjson.loads(first)) == fresh(first)  # the resend without it
+    assert layouts.lay_out(first, orjson.loads(first)).digests == fresh(first)  # the resend without it
     assert digested == []
 
 
 def test_a_body_of_orjson_spacing_is_laid_out_at_first_sight(monkeypatch: pytest.MonkeyPatch) -> None:
     layouts = BodyLayouts()
     first = orjson.dumps(body_of(transcript(10), "first"))
-    layouts.digests(first, orjson.loads(first))
+    layouts.lay_out(first, orjson.loads(first))
     digested = counted(monkeypatch)
     grown = orjson.dumps(body_of(transcript(11), "first"))
-    assert layouts.digests(grown, orjson.loads(grown)) == fresh(grown)
+    assert layouts.lay_out(grown, orjson.loads(grown)).digests == fresh(grown)
     assert len(digested) == 2
 
 
 def _laid_out(layouts: BodyLayouts, raw: bytes) -> None:
     for _ in range(2):
-        assert layouts.digests(raw, orjson.loads(raw)) == fresh(raw)
+        assert layouts.lay_out(raw, orjson.loads(raw)).digests == fresh(raw)
     assert len(layouts) >= 1
 
 
@@ -129,7 +129,7 @@ def test_a_second_messages_key_after_the_shared_bytes_is_not_taken_for_them(styl
         raw = cut + b"," + key + b":" + others[others.index(b"["):others.rindex(b"]") + 1] + b"}"
         parsed = orjson.loads(raw)
         assert parsed["messages"] == variant(transcript(10))
-        assert layouts.digests(raw, parsed) == fresh(raw)
+        assert layouts.lay_out(raw, parsed).digests == fresh(raw)
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -145,7 +145,7 @@ def test_a_copy_of_the_messages_under_another_key_is_not_taken_for_them(style: s
                + real[real.index(b"["):real.rindex(b"]") + 1] + b"}")
         parsed = orjson.loads(raw)
         assert parsed["messages"] == variant(transcript(rounds))
-        assert layouts.digests(raw, parsed) == fresh(raw)
+        assert layouts.lay_out(raw, parsed).digests == fresh(raw)
 
 
 def test_a_changed_message_inside_the_shared_length_is_digested_again() -> None:
@@ -155,17 +155,17 @@ def test_a_changed_message_inside_the_shared_length_is_digested_again() -> None:
     _laid_out(layouts, raw)
     messages[7] = {**messages[7], "content": messages[7]["content"] + "!"}  # a result edited in place
     edited = orjson.dumps(body_of(messages, "last"))
-    assert layouts.digests(edited, orjson.loads(edited)) == fresh(edited)
+    assert layouts.lay_out(edited, orjson.loads(edited)).digests == fresh(edited)
     messages[7] = {**messages[7], "content": 1.0}  # same length in bytes as `1`? a type change all the same
     retyped = orjson.dumps(body_of(messages, "last"))
-    assert layouts.digests(retyped, orjson.loads(retyped)) == fresh(retyped)
+    assert layouts.lay_out(retyped, orjson.loads(retyped)).digests == fresh(retyped)
 
 
 def test_held_bodies_are_bounded() -> None:
     layouts = BodyLayouts(limit_bytes=20_000, per_key=2)
     for tag in range(30):
         raw = orjson.dumps(body_of(transcript(8, str(tag)), "last"))
-        layouts.digests(raw, orjson.loads(raw))
+        layouts.lay_out(raw, orjson.loads(raw))
     assert 0 < layouts.held_bytes <= 20_000 + len(raw)
     assert layouts.held_bytes == sum(len(layout.raw) for known in layouts._layouts.values() for layout in known)
 
@@ -179,3 +179,31 @@ def test_the_chat_parse_hands_on_the_same_digests() -> None:
         neutral = chat.parse(raw)
         assert neutral.digests == fresh(raw)
         assert neutral.messages == orjson.loads(raw)["messages"]
+
+
+def test_a_grown_transcript_is_still_checked_where_it_grew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body that shares its first messages with a body that passed is checked from the last of them
+    that is no tool message: an orphan tool message in its new round, or a call answered again, is a
+    400 naming it, as without the layouts."""
+    from gateway.errors import InvalidRequest
+    from gateway.wire import openai_chat
+    chat = OpenAIChat()
+    prefixes: list[int] = []
+    real = openai_chat.orphan_tool_messages
+
+    def orphans(messages: list[dict[str, Any]], checked: int = 0) -> list[tuple[int, str]]:
+        prefixes.append(checked)
+        return real(messages, checked)
+
+    monkeypatch.setattr(openai_chat, "orphan_tool_messages", orphans)
+    for tag, extra, words in (("o1", {"role": "tool", "tool_call_id": "call_nobody", "content": "late"},
+                               "answers no call"),
+                              ("o2", None, "answered twice")):
+        messages = transcript(10, tag=tag)
+        for _ in range(2):  # laid out on the second sight, and checked
+            chat.parse(json.dumps(body_of(messages, "last")).encode())
+        grown = messages + [extra or dict(messages[-1])]
+        with pytest.raises(InvalidRequest, match=words) as error:
+            chat.parse(json.dumps(body_of(grown, "last")).encode())
+        assert error.value.param == f"messages[{len(messages)}]"
+        assert prefixes[-1] == len(messages)  # checked from the end of the body that passed

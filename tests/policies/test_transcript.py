@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from policies.protocol import orphan_tool_messages
 from policies.tool_status import tool_result_status
 from policies.transcript import canonical_message, message_path, node_id, tool_result_bytes
@@ -54,3 +57,20 @@ def test_tool_result_status() -> None:
     assert tool_result_status('{"error": "denied"}') == "error"
     assert tool_result_status('{"error": null, "rows": 3}') == "ok"
     assert tool_result_status("3 files changed, no errors") == "ok"
+
+
+_ROLE_MESSAGES = st.lists(st.one_of(
+    st.fixed_dictionaries({"role": st.just("assistant"),
+                           "tool_calls": st.lists(st.fixed_dictionaries({"id": st.sampled_from(["a", "b", "c"])}),
+                                                  max_size=2)}),
+    st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.sampled_from(["a", "b", "c", "d"])}),
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system"])})), max_size=12)
+
+
+@given(_ROLE_MESSAGES, st.integers(0, 14))
+@settings(max_examples=500, deadline=None)
+def test_orphans_after_a_checked_prefix_are_those_of_the_whole(messages: list[dict], checked: int) -> None:
+    """Where the first `checked` messages have no orphan as a transcript of their own, starting the walk
+    after them finds what the walk over the whole finds."""
+    if orphan_tool_messages(messages[:checked]) == []:
+        assert orphan_tool_messages(messages, checked) == orphan_tool_messages(messages)

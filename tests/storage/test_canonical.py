@@ -104,6 +104,20 @@ def test_remembered_node_ids_are_the_computed_ones(transcripts: list[list[dict]]
         assert len(ids) <= 8
 
 
+@given(st.lists(_MESSAGES, min_size=1, max_size=4), st.data())
+@settings(max_examples=300, deadline=None)
+def test_a_path_placed_with_its_digests_is_the_computed_one(transcripts: list[list[dict]], data: st.DataObject) -> None:
+    """`NodeIds.path` (the request path's loop, handed the digests parsing worked out, some unknown) places
+    every message where `message_path` does, whatever was seen before."""
+    from storage.canonical import exact_digest
+    ids = NodeIds(limit=8)
+    for messages in [*transcripts, *transcripts]:
+        digests = [exact_digest(m) if data.draw(st.booleans()) else None for m in messages]
+        assert ids.path("acme", messages, digests) == message_path("acme", messages)
+        assert ids.path("acme", messages, digests[:-1]) == message_path("acme", messages)
+        assert len(ids) <= 8
+
+
 def test_values_equal_in_python_but_not_in_json_get_their_own_ids() -> None:
     """`1 == 1.0 == True` in Python; as JSON they are different messages, with different ids."""
     ids = NodeIds()
