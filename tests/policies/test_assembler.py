@@ -432,3 +432,17 @@ def test_as_sent_names_the_messages_forwarded_as_they_came() -> None:
         if not fitted.aligned:
             break
     assert not fitted.aligned and fitted.as_sent == ()
+
+
+def test_as_is_is_the_verbatim_decision_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from policies import assembly_types
+    monkeypatch.setattr(assembly_types, "_AS_IS_LIMIT", 3)
+    monkeypatch.setattr(assembly_types, "_AS_IS", {})
+    first = Decision.as_is(3, "tool", 120)
+    assert first == Decision.verbatim(3, "tool", 120) and Decision.as_is(3, "tool", 120) is first
+    assert Decision.as_is(3, "tool", 121) != first and Decision.as_is(3, "user", 120) != first
+    for index in range(10):
+        Decision.as_is(index, "user", 1)
+        assert len(assembly_types._AS_IS) <= 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.action = "compacted"  # type: ignore[misc]
