@@ -11,6 +11,7 @@ over, so no request ever ends up pointing at removed rows.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import zlib
@@ -121,10 +122,18 @@ def _sqlite_moment(value: str | datetime) -> float:
 
     Exactly `as_utc(moment).timestamp()` (both divide whole microseconds by a million), without making
     an aware datetime for every artifact of the path."""
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(value)
-    if moment.tzinfo is None:
-        return (moment - _NAIVE_EPOCH).total_seconds()
-    return moment.timestamp()
+    if isinstance(value, str):
+        return _sqlite_text_moment(value)
+    if value.tzinfo is None:
+        return (value - _NAIVE_EPOCH).total_seconds()
+    return value.timestamp()
+
+
+@functools.lru_cache(maxsize=65536)
+def _sqlite_text_moment(value: str) -> float:
+    """`_sqlite_moment` of SQLite's text, remembered: a path's artifacts are read again on every request
+    of their conversation, each with the same text."""
+    return _sqlite_moment(datetime.fromisoformat(value))
 
 
 _CONVERSATIONS = Conversation.__table__
