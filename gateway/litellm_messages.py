@@ -175,10 +175,11 @@ class MessageMemo:
             return None
         prefix = pickle.dumps(context)
         by_digest = prefix + b"#"  # no pickle starts so
+        if digests is None or len(digests) != len(messages):
+            digests = [None] * len(messages)
         try:
             keys = [by_digest + digest if digest is not None else _key(prefix, message)
-                    for message, digest in zip(messages, digests)] if digests is not None \
-                and len(digests) == len(messages) else [_key(prefix, message) for message in messages]
+                    for message, digest in zip(messages, digests)]
         except Exception:  # no dict, or something pickle cannot write
             return None
         known = list(map(self._prepared.get, keys))
