@@ -70,16 +70,25 @@ def _migrate_config(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from gateway.replay import CachePrices, load_trace, replay_trace, totals, format_table
+    from gateway.replay import LEGEND, CachePrices, TraceError, format_table, load_trace, replay_trace, totals
 
     if args.policy in PRESET_NAMES:
         policy = preset(args.policy)
-    else:
+    elif Path(args.policy).is_file():
         policy = policy_file(Path(args.policy))
-    prices = CachePrices(read=args.cache_read, write=args.cache_write)
+    else:
+        print(f"gateway: --policy {args.policy!r} is neither a preset ({', '.join(PRESET_NAMES)}) "
+              "nor a policy file", file=sys.stderr)
+        return 2
+    prices = CachePrices(read=args.cache_read, write=args.cache_write, usd_per_mtok=args.usd_per_mtok)
     rows = []
     for trace_path in args.traces:
-        report = replay_trace(policy, load_trace(trace_path), Path(trace_path).name, tenant=args.tenant)
+        try:
+            trace = load_trace(trace_path)
+        except TraceError as error:
+            print(f"gateway: trace {error}", file=sys.stderr)
+            return 2
+        report = replay_trace(policy, trace, Path(trace_path).name, tenant=args.tenant)
         rows.append(report.summary(prices))
     total = totals(rows)
     if args.json:
@@ -89,6 +98,8 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         print(f"policy {policy.name} {policy.version_label}; cache prices read {prices.read}x, write {prices.write}x")
         print(format_table(rows, total))
+        if args.legend:
+            print(LEGEND)
     return 1 if total["protocol_violations"] or total["latest_round_lost"] or total["user_system_lost"] else 0
 
 
@@ -199,8 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="run agent traces through the assembler offline and print the figures")
     replay.add_argument("traces", nargs="+", help="trace files (JSON or JSONL with a `messages` list)")
     replay.add_argument("--policy", default="default", help=f"a preset ({', '.join(PRESET_NAMES)}) or a YAML policy file")
-    replay.add_argument("--cache-read", type=float, default=0.1, help="price of a cached input token (default 0.1)")
-    replay.add_argument("--cache-write", type=float, default=1.25, help="price of an uncached input token (default 1.25)")
+    replay.add_argument("--cache-read", type=float, default=0.1,
+                        help="price of an input token read from the cache, relative to an uncached one (default 0.1)")
+    replay.add_argument("--cache-write", type=float, default=1.25,
+                        help="price of an input token written to the cache, relative to an uncached one; every "
+                             "token not read from the cache is written (default 1.25, Anthropic's 5-minute cache)")
+    replay.add_argument("--usd-per-mtok", type=float, default=3.0,
+                        help="USD per million uncached input tokens, for the dollar figures (default 3.0)")
+    replay.add_argument("--legend", action=argparse.BooleanOptionalAction, default=True,
+                        help="explain the columns after the table (default: on)")
     replay.add_argument("--json", action="store_true", help="one JSON object per trace, then the totals")
     replay.add_argument("--tenant", default="replay",
                         help="tenant the ids are derived for (use the gateway's to compare with it exactly)")

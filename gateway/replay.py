@@ -33,14 +33,38 @@ class CachePrices:
 
     read: float = 0.1
     write: float = 1.25
+    usd_per_mtok: float = 3.0  # an uncached input token, in USD per million (for the dollar figures)
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed: said in one line naming the file."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
-    text = Path(path).read_text(encoding="utf-8").strip()
+    """A trace: a JSON object (or the first line of a JSONL file) whose `messages` is a list of messages."""
     try:
-        return json.loads(text)
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        trace = json.loads(text)
     except json.JSONDecodeError:
-        return json.loads(text.splitlines()[0])
+        try:
+            trace = json.loads(text.splitlines()[0]) if text else None
+        except json.JSONDecodeError as exc:
+            raise TraceError(path, f"is neither JSON nor JSONL (line 1, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("messages"), list):
+        raise TraceError(path, "holds no `messages` list (a trace is {\"messages\": [...]}, or one such object "
+                               "per JSONL line)")
+    for index, message in enumerate(trace["messages"]):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise TraceError(path, f"messages[{index}] is not a message with a `role`")
+    return trace
 
 
 def wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -134,6 +158,8 @@ class TraceReport:
             "peak_ratio": round(peak_forwarded / peak_sent, 4) if peak_sent else 0.0,
             "prefix_reuse": round(cached / forwarded, 4) if forwarded else 0.0,
             "cost_vs_cached_replay": round(cost / replay_cost, 4) if replay_cost else 0.0,
+            "input_usd": round(cost * prices.usd_per_mtok / 1e6, 6),
+            "replay_input_usd": round(replay_cost * prices.usd_per_mtok / 1e6, 6),
             "protocol_violations": sum(len(t.problems) for t in self.turns),
             "latest_round_lost": sum(1 for t in self.turns if not t.latest_round_kept),
             "user_system_lost": sum(1 for t in self.turns if not t.user_system_kept),
@@ -188,6 +214,8 @@ def totals(summaries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "sent_tokens": sent,
         "forwarded_tokens": forwarded,
         "reduction": round(1 - forwarded / sent, 4) if sent else 0.0,
+        "input_usd": round(sum(r.get("input_usd", 0.0) for r in rows), 6),
+        "replay_input_usd": round(sum(r.get("replay_input_usd", 0.0) for r in rows), 6),
         "max_cost_vs_cached_replay": max((r["cost_vs_cached_replay"] for r in rows), default=0.0),
         "median_cost_20plus": statistics.median(r["cost_vs_cached_replay"] for r in big) if big else None,
         "median_peak_ratio_20plus": statistics.median(r["peak_ratio"] for r in big) if big else None,
@@ -224,4 +252,23 @@ def format_table(rows: Sequence[Mapping[str, Any]], total: Mapping[str, Any]) ->
         f"protocol violations {total['protocol_violations']}, latest round lost {total['latest_round_lost']}, "
         f"system/user lost {total['user_system_lost']}"
     )
+    if "input_usd" in total:
+        saved = total["replay_input_usd"] - total["input_usd"]
+        lines.append(f"input cost: ${total['input_usd']:.4f} projected against ${total['replay_input_usd']:.4f} "
+                     f"replayed (cached), ${saved:.4f} saved")
     return "\n".join(lines)
+
+
+LEGEND = """\
+columns:
+  turns    requests replayed (one per assistant message after the first message)
+  calls    tool calls in the trace
+  sent     prompt tokens the agent sent, summed over its requests (counted here with tiktoken o200k_base)
+  fwd      prompt tokens the gateway would forward under the policy, summed
+  cut      1 - fwd/sent: the share of prompt tokens not forwarded
+  peak     the largest single request as sent; peakfwd: the same request as forwarded
+  peak x   peakfwd / peak: how much of the largest context the model gets
+  reuse    share of forwarded tokens that repeat the previous request's prefix (what a prompt cache reads)
+  cost x   input cost of the projection against a cached replay of the agent's own transcript, with cache
+           reads at --cache-read and cache writes at --cache-write of an uncached token (below 1: cheaper)
+  viol     requests whose projection breaks the wire protocol (a call without its answer; must be 0)"""

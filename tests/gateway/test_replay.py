@@ -134,3 +134,41 @@ def test_same_request_twice_forwards_identical_bytes(coding_gateway: RunningGate
             bodies.append(json.dumps(coding_gateway.fake.last_body()["messages"], sort_keys=True))
     assert bodies[0] == bodies[1]
     assert "[compacted artifact:" in bodies[0]
+
+
+@pytest.mark.parametrize("content, problem", [
+    (None, "no such file"),
+    ('{"model": "x"}', "holds no `messages` list"),
+    ("not json at all", "is neither JSON nor JSONL"),
+    ('{"messages": [{"content": "no role"}]}', "messages[0] is not a message with a `role`"),
+])
+def test_replay_says_what_is_wrong_with_a_trace(tmp_path: Path, content: str | None, problem: str) -> None:
+    trace = tmp_path / "trace.jsonl"
+    if content is not None:
+        trace.write_text(content)
+    result = subprocess.run([sys.executable, "-m", "gateway", "replay", str(trace)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gateway: trace {trace}: {problem}")
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_replay_names_the_presets_for_an_unknown_policy(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "gateway", "replay", "--policy", "coding_agent",
+                             str(TRACES[0])], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "coding-agent" in result.stderr and "default" in result.stderr and "passthrough" in result.stderr
+
+
+def test_replay_explains_its_columns_and_prices_in_dollars() -> None:
+    result = subprocess.run([sys.executable, "-m", "gateway", "replay", "--usd-per-mtok", "2", str(TRACES[0])],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for column in ("cut", "peak x", "reuse", "cost x", "viol"):
+        assert re.search(rf"^  {re.escape(column)}\s{{2,}}\S", result.stdout, re.MULTILINE), column
+    row = json.loads(subprocess.run([sys.executable, "-m", "gateway", "replay", "--json", "--usd-per-mtok", "2",
+                                     str(TRACES[0])], capture_output=True, text=True, timeout=120).stdout.splitlines()[0])
+    match = re.search(r"input cost: \$([0-9.]+) projected against \$([0-9.]+) replayed", result.stdout)
+    assert match and float(match.group(1)) == pytest.approx(row["input_usd"], abs=1e-4)
+    assert float(match.group(2)) == pytest.approx(row["replay_input_usd"], abs=1e-4)
+    assert row["input_usd"] == pytest.approx(row["replay_input_usd"] * row["cost_vs_cached_replay"], rel=1e-3)
