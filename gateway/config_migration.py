@@ -127,8 +127,11 @@ def _models(entries: list[Any], notes: list[str]) -> list[dict[str, Any]]:
         for key in _PRICE_KEYS:
             if key in info and key not in carried:
                 carried[key] = info[key]
-        models.append({"name": entry["model_name"], "litellm_params": carried})
-        dropped = [str(k) for k in info if k not in _PRICE_KEYS]
+        model: dict[str, Any] = {"name": entry["model_name"], "litellm_params": carried}
+        if isinstance(info.get("id"), (str, int)) and not isinstance(info.get("id"), bool) and str(info["id"]):
+            model["id"] = str(info["id"])  # LiteLLM's deployment id: this gateway's `id` (run records, cooldowns)
+        models.append(model)
+        dropped = [str(k) for k in info if k not in _PRICE_KEYS and not (k == "id" and "id" in model)]
         if dropped or (entry.get("model_info") and not info):
             notes.append(f"{where} ({entry['model_name']}).model_info ({', '.join(dropped) or '?'}): dropped "
                          f"(this gateway's models carry no model_info; its prices go to litellm_params)")

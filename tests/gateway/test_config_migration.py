@@ -128,7 +128,8 @@ def test_realistic_litellm_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert config["models"][2]["litellm_params"] == {
         "model": "anthropic/claude-sonnet-4-5", "api_key": "os.environ/ANTHROPIC_API_KEY",
         "input_cost_per_token": 0.000003, "output_cost_per_token": 0.000015}
-    assert all(set(m) == {"name", "litellm_params"} for m in config["models"])
+    assert config["models"][0]["id"] == "azure-eu"  # model_info.id: the deployment's id here too
+    assert all(set(m) == {"name", "litellm_params"} for m in config["models"][1:])
 
     # router_settings win over litellm_settings where both say; the rest comes from litellm_settings.
     # A fallback to a model the config does not have is left out.
@@ -142,7 +143,7 @@ def test_realistic_litellm_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert list(config) == ["models", "router", "tenants", "admin_keys", "storage"]
 
     notes = notes_of(stderr)
-    for key in ["model_list[0] (gpt-4o).model_info (id, base_model)", "model_list[2] (claude-sonnet).model_info (mode)",
+    for key in ["model_list[0] (gpt-4o).model_info (base_model)", "model_list[2] (claude-sonnet).model_info (mode)",
                 "model_list[4]: skipped: no model_name",
                 "litellm_settings.num_retries: not carried; router_settings.num_retries is used instead",
                 "router_settings.redis_host: not carried", "router_settings.enable_pre_call_checks: not carried",
@@ -252,6 +253,6 @@ def test_the_converted_realistic_config_loads_with_its_deployments_and_router(
                  "LITELLM_MASTER_KEY", "GATEWAY_API_KEY"):
         monkeypatch.setenv(name, f"value-of-{name.lower()}")
     settings = load_settings(out_file)
-    assert [i for i, _ in settings.deployments("gpt-4o")] == ["gpt-4o#1", "gpt-4o#2"]
+    assert [i for i, _ in settings.deployments("gpt-4o")] == ["azure-eu", "gpt-4o#2"]  # model_info.id kept
     assert settings.router.num_retries == 3 and settings.router.fallbacks_for("gpt-4o") == ["claude-sonnet"]
     assert settings.router.fallbacks_for("llama-local", context_window=True) == ["gpt-4o"]
