@@ -170,15 +170,23 @@ def _tenant_purge(args: argparse.Namespace) -> int:
     from gateway.app import build_store
 
     settings = load_settings(args.config)
+    if not args.yes and not sys.stdin.isatty():
+        print("gateway: tenant purge asks for confirmation and there is no terminal: pass --yes", file=sys.stderr)
+        return 2
     store = build_store(settings)
     try:
         store.create_schema()
+        counts = store.tenant_row_counts(args.tenant)
+        configured = any(t.id == args.tenant for t in settings.tenants)
+        if not configured and not any(counts.values()) and not args.unknown:
+            print(f"gateway: tenant {args.tenant!r} is not in the config and has no records: nothing to purge "
+                  "(--unknown purges it anyway, leaving an audit entry)", file=sys.stderr)
+            return 1
         if not args.yes:
             print(f"tenant {args.tenant!r} has:")
-            _print_counts(store.tenant_row_counts(args.tenant))
-            configured = " (it stays in the config: requests with its keys are recorded anew)" \
-                if any(t.id == args.tenant for t in settings.tenants) else ""
-            answer = input(f"remove all of it and its blob files{configured}? type the tenant id to confirm: ")
+            _print_counts(counts)
+            note = " (it stays in the config: requests with its keys are recorded anew)" if configured else ""
+            answer = input(f"remove all of it and its blob files{note}? type the tenant id to confirm: ")
             if answer.strip() != args.tenant:
                 print("gateway: purge cancelled", file=sys.stderr)
                 return 1
@@ -190,8 +198,18 @@ def _tenant_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("context-gateway")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Context gateway for tool-using agents")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     serve.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
@@ -238,7 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     purge = tenant.add_parser("purge", help="remove every record and blob file of a tenant, leaving an audit entry")
     purge.add_argument("tenant", help="the tenant id")
     purge.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
-    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation (needed without a terminal)")
+    purge.add_argument("--unknown", action="store_true",
+                       help="purge a tenant that is neither in the config nor in the records (an audit entry only)")
     purge.set_defaults(run=_tenant_purge)
     return parser
 
