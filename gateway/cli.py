@@ -38,14 +38,30 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    settings = load_settings(args.path)
+    from gateway.config_check import budget_warnings, connection_checks
+    from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's price map, for the budget warnings
+
+    path = args.config_option or args.path
+    if path is None:
+        print("gateway: check-config needs a config: --config PATH", file=sys.stderr)
+        return 2
+    settings = load_settings(path)
     encryption = settings.storage.encryption_keys().current_id
     print(
-        f"{args.path}: ok ({len(settings.models)} models, {len(settings.tenants)} tenants, "
+        f"{path}: ok ({len(settings.models)} models, {len(settings.tenants)} tenants, "
         f"storage {settings.storage_url().split('://')[0]}"
         + (f", encrypted at rest under key {encryption})" if encryption else ")")
     )
-    return 0
+    upstream = LiteLLMUpstream(direct_transport=False)
+    for warning in budget_warnings(settings, lambda params: upstream.prices(params) is not None):
+        print(f"gateway: warning: {warning}", file=sys.stderr)
+    if not args.connect:
+        return 0
+    failed = 0
+    for check in connection_checks(settings):
+        failed += check.problem is not None
+        print(f"{check.what}: {'ok' if check.problem is None else 'FAILED: ' + check.problem}")
+    return 1 if failed else 0
 
 
 def _migrate_config(args: argparse.Namespace) -> int:
@@ -219,7 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="processes serving one socket (default 1); SQLite (WAL) and PostgreSQL both take them")
     serve.set_defaults(run=_serve)
     check = sub.add_parser("check-config", help="validate a config file without serving")
-    check.add_argument("path")
+    check.add_argument("path", nargs="?", help="the config (or --config)")
+    check.add_argument("--config", dest="config_option", metavar="PATH", help="YAML config, as the other commands take it")
+    check.add_argument("--connect", action="store_true",
+                       help="also connect to the database, Redis and the blob store (exit 1 if one fails)")
     check.set_defaults(run=_check_config)
     migrate_config = sub.add_parser("migrate-config", help="convert a LiteLLM Proxy config.yaml into this gateway's")
     migrate_config.add_argument("litellm_config", metavar="LITELLM_YAML", help="LiteLLM Proxy config file")
@@ -269,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except ConfigError as error:
-        print(f"gateway: config error: {error}", file=sys.stderr)
+        for problem in error.problems:
+            print(f"gateway: config error: {problem.one_line()}", file=sys.stderr)
         return 2
 
 

@@ -20,6 +20,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
     model_validator
 
 from gateway.deployment_params import refusal
+from gateway.provider_names import provider_problem
+from gateway.yaml_lines import YamlLines
 from policies.policy import Policy, PolicyError, policy_from_mapping
 from policies.presets import PRESET_NAMES, preset
 from policies.validation import field_path
@@ -31,14 +33,30 @@ _SHA256_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 class ConfigError(Exception):
-    """A config that cannot be served, with the file and field at fault."""
+    """A config that cannot be served, with the file and field at fault (and the field's line, when known).
 
-    def __init__(self, path: str | os.PathLike[str], field: str, problem: str) -> None:
+    `problems` holds every problem found in one reading (each a ConfigError of one problem), so a
+    config with several mistakes is refused with all of them; `field` and `problem` are the first's.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], field: str, problem: str, line: int | None = None,
+                 problems: "list[ConfigError] | None" = None) -> None:
         self.path = str(path)
         self.field = field
         self.problem = problem
-        where = f"{self.path}: {field}" if field else self.path
-        super().__init__(f"{where}: {problem}")
+        self.line = line
+        self.problems = problems or [self]
+        super().__init__("\n".join(p.one_line() for p in self.problems))
+
+    def one_line(self) -> str:
+        where = f"{self.path}: {self.field}" if self.field else self.path
+        at = f" (line {self.line})" if self.line is not None and not self.field.startswith("line ") else ""
+        return f"{where}{at}: {self.problem}"
+
+    @classmethod
+    def of(cls, problems: "list[ConfigError]") -> "ConfigError":
+        first = problems[0]
+        return cls(first.path, first.field, first.problem, first.line, problems)
 
 
 class _Strict(BaseModel):
@@ -104,6 +122,9 @@ class ModelSettings(_Strict):
     def _needs_model(cls, value: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value.get("model"), str) or not value["model"]:
             raise ValueError("litellm_params.model is required (e.g. openai/gpt-4o-mini)")
+        unknown_provider = provider_problem(value["model"], value.get("custom_llm_provider"))
+        if unknown_provider:
+            raise ValueError(unknown_provider)
         for key in value:
             problem = refusal(str(key))
             if problem:
@@ -455,72 +476,123 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-def _resolve_env(value: Any, where: str, path: str) -> Any:
+def _resolve_env(value: Any, where: str, path: str, missing: list[ConfigError],
+                 loc: tuple[Any, ...] = (), lines: YamlLines | None = None) -> Any:
+    """`value` with every `os.environ/NAME` read; each variable that is not set is added to `missing`."""
     if isinstance(value, dict):
-        return {k: _resolve_env(v, f"{where}.{k}" if where else str(k), path) for k, v in value.items()}
+        return {k: _resolve_env(v, f"{where}.{k}" if where else str(k), path, missing, (*loc, k), lines)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [_resolve_env(v, f"{where}[{i}]", path) for i, v in enumerate(value)]
+        return [_resolve_env(v, f"{where}[{i}]", path, missing, (*loc, i), lines) for i, v in enumerate(value)]
     if isinstance(value, str) and value.startswith(ENV_PREFIX):
         name = value[len(ENV_PREFIX) :]
         if name not in os.environ:
-            raise ConfigError(path, where, f"environment variable {name} is not set")
+            missing.append(ConfigError(path, where, f"environment variable {name} is not set",
+                                       lines.line(loc) if lines else None))
+            return value
         return os.environ[name]
     return value
 
 
-def _did_you_mean(loc: tuple[Any, ...]) -> str:
-    """`; did you mean 'tenants'?` for a field name close to one its section knows."""
+def _close_field(loc: tuple[Any, ...]) -> str | None:
+    """The field name close to an unknown one that its section knows (`tenantz` -> `tenants`), or None."""
     model: Any = Settings
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(part, str) else None
         if field is None:
             if isinstance(part, int):
                 continue
-            return ""
+            return None
         annotation = field.annotation
         inner = getattr(annotation, "__args__", None)
         model = next((a for a in inner or (annotation,) if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if model is None:
-            return ""
+            return None
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return close[0] if close else None
 
 
-def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".") -> Settings:
+def _validation_problems(exc: ValidationError, path: str, lines: YamlLines | None) -> list[ConfigError]:
+    """One problem per field pydantic refused, unknown fields first. A misspelt field shows as unknown
+    and, often, as the field it meant missing or invalid too: the spelling is named, the other left out."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    meant = {(*e["loc"][:-1], close) for e in errors if e["type"] == "extra_forbidden"
+             for close in [_close_field(tuple(e["loc"]))] if close}
+    problems = []
+    for error in errors:
+        loc = tuple(error["loc"])
+        field = field_path(loc)
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            close = _close_field(loc)
+            message = "unknown field" + (f"; did you mean {close!r}?" if close else "")
+        if error["type"] == "missing":
+            message = "required field is missing"
+        if not field and ": " in message:  # a model-level check names its own field
+            field, message = message.split(": ", 1)
+            loc = _loc_of(field)
+        inner = re.match(rf"{re.escape(str(loc[-1]))}\.(\w+):? ", message) if loc else None
+        if inner:  # "litellm_params.api_bse is not ...": the key itself is the field at fault
+            field, loc, message = f"{field}.{inner.group(1)}", (*loc, inner.group(1)), message[inner.end():]
+        if loc not in meant:
+            problems.append(ConfigError(path, field, message, lines.line(loc) if lines else None))
+    return problems
+
+
+def _loc_of(field: str) -> tuple[Any, ...]:
+    """`tenants[0].api_keys` as a path: ("tenants", 0, "api_keys")."""
+    return tuple(int(part) if part.isdigit() else part for part in re.findall(r"[^.\[\]]+", field))
+
+
+def parse_settings(raw: Any, path: str = "<memory>", base_dir: str = ".", lines: YamlLines | None = None) -> Settings:
+    """Settings from a parsed config; ConfigError naming every problem found (with its line, given `lines`)."""
     if not isinstance(raw, dict):
         raise ConfigError(path, "", "the config must be a YAML mapping")
     if "model_list" in raw and "models" not in raw:  # before its os.environ/ references fail one by one
         raise ConfigError(path, "", "this looks like a LiteLLM Proxy config (model_list); "
                           f"convert it with `gateway migrate-config {path}`")
-    resolved = _resolve_env(raw, "", path)
+    problems: list[ConfigError] = []
+    resolved = _resolve_env(raw, "", path, problems, (), lines)
+    problems += _policy_problems(resolved, path, base_dir, lines)  # every policy loads, or the config is refused
     try:
         settings = Settings.model_validate({**resolved, "source": path, "base_dir": base_dir})
     except ValidationError as exc:
-        errors = exc.errors()
-        # A misspelt field shows as unknown and, often, as a required one missing: name the spelling.
-        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        field = field_path(tuple(first["loc"]))
-        message = first["msg"]
-        if message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
-        if first["type"] == "extra_forbidden":
-            message = "unknown field" + _did_you_mean(first["loc"])
-        if first["type"] == "missing":
-            message = "required field is missing"
-        if not field and ": " in message:  # a model-level check names its own field
-            field, message = message.split(": ", 1)
-        raise ConfigError(path, field, message) from exc
-    tenant_policies(settings)  # every policy loads, or the config is refused
+        said = {problem.field for problem in problems}  # a value left as os.environ/NAME, a policy: said once
+        invalid = [p for p in _validation_problems(exc, path, lines) if p.field not in said]
+        raise ConfigError.of(problems + invalid) from exc
+    if problems:
+        raise ConfigError.of(problems)
     return settings
 
 
+def _policy_problems(raw: dict[str, Any], path: str, base_dir: str, lines: YamlLines | None) -> list[ConfigError]:
+    """The tenants' policies that do not load (presets by name, files relative to the config's folder)."""
+    tenants = raw.get("tenants")
+    problems = []
+    for index, tenant in enumerate(tenants if isinstance(tenants, list) else []):
+        reference = tenant.get("policy", "default") if isinstance(tenant, dict) else None
+        if not isinstance(reference, str):
+            continue  # the schema says what is wrong with it
+        field = f"tenants[{index}].policy"
+        try:
+            _policy(reference, Path(base_dir), path, field)
+        except ConfigError as error:
+            line = lines.line(("tenants", index, "policy")) if lines and error.path == path else error.line
+            problems.append(ConfigError(error.path, error.field, error.problem, line))
+    return problems
+
+
 def read_yaml(file: Path) -> Any:
+    return _read_yaml(file)[0]
+
+
+def _read_yaml(file: Path) -> tuple[Any, YamlLines]:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(file, "", f"cannot read the file ({exc.strerror})") from exc
     try:
-        return yaml.safe_load(text)
+        return yaml.safe_load(text), YamlLines.of(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
@@ -537,14 +609,18 @@ def policy_file(file: Path) -> Policy:
 
 def load_policy(reference: str, settings: Settings, field: str) -> Policy:
     """A preset by name, or a YAML policy file (relative to the config file)."""
+    return _policy(reference, Path(settings.base_dir), settings.source, field)
+
+
+def _policy(reference: str, base_dir: Path, source: str, field: str) -> Policy:
     if reference in PRESET_NAMES:
         return preset(reference)
-    file = settings.resolve_path(reference)
+    file = Path(reference) if Path(reference).is_absolute() else base_dir / reference
     if not file.is_file():
-        raise ConfigError(
-            settings.source, field,
-            f"{reference!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a policy file",
-        )
+        close = difflib.get_close_matches(reference, PRESET_NAMES, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(source, field,
+                          f"{reference!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor a policy file{hint}")
     return policy_file(file)
 
 
@@ -557,4 +633,5 @@ def tenant_policies(settings: Settings) -> dict[str, Policy]:
 
 def load_settings(path: str | os.PathLike[str]) -> Settings:
     file = Path(path)
-    return parse_settings(read_yaml(file), str(file), str(file.resolve().parent))
+    raw, lines = _read_yaml(file)
+    return parse_settings(raw, str(file), str(file.resolve().parent), lines)

@@ -196,7 +196,7 @@ class ServerThread:
 
     def start(self) -> "ServerThread":
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a loaded 2-core machine takes a while to import LiteLLM
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("server did not start")

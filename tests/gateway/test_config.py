@@ -54,7 +54,7 @@ def test_example_config_is_valid() -> None:
 
 
 @pytest.mark.parametrize("mutate, field, words", [
-    (lambda c: c["models"][0]["litellm_params"].pop("model"), "models[0].litellm_params", "model is required"),
+    (lambda c: c["models"][0]["litellm_params"].pop("model"), "models[0].litellm_params.model", "is required"),
     (lambda c: c["tenants"][0].update(api_keys=[]), "tenants[0].api_keys", "at least 1"),
     (lambda c: c["tenants"][0].update(policy="nope"), "tenants[0].policy", "neither a preset"),
     (lambda c: c["tenants"][0].update(api_keys=["sha256:xyz"]), "tenants[0].api_keys", "64 lowercase hex"),
@@ -120,7 +120,7 @@ def test_check_config_command(tmp_path: Path) -> None:
     env = {**os.environ, "UPSTREAM_KEY": "x"}
     failed = subprocess.run([*gateway, "check-config", str(bad)], capture_output=True, text=True, env=env)
     assert failed.returncode == 2
-    assert f"{bad}: tenants:" in failed.stderr
+    assert f"{bad}: tenants (line " in failed.stderr
 
 
 def test_litellm_proxy_config_is_recognised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
