@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -144,3 +146,61 @@ def test_readme_policy_example_is_valid() -> None:
     policy = policy_from_mapping(yaml.safe_load(block), "README.md")
     assert policy.name == "support-agent" and policy.rule_for("gmail_send").privacy == "restricted"
     assert policy.rule_for("get_stock_price").stale_after == 15 * 60
+
+
+def _settings_field_exists(path: list[str | int]) -> bool:
+    """Whether a config path (`server.max_body_bytes`, `tenants[0].budget`) is a field of Settings."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    from gateway.config import Settings
+
+    model: Any = Settings
+    for part in path:
+        if isinstance(part, int):
+            continue
+        if model is dict:
+            return True  # litellm_params and other free mappings take any key
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        candidates = [field.annotation, *get_args(field.annotation)]
+        candidates += [inner for c in candidates for inner in get_args(c)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)),
+                     dict if any(c is dict or getattr(c, "__origin__", None) is dict for c in candidates) else None)
+    return True
+
+
+# Backticked words of the README shaped like config paths that are not: OpenTelemetry attributes.
+_NOT_CONFIG = {"server.address"}
+
+
+def test_every_config_field_the_readme_names_exists() -> None:
+    readme = (REPO / "README.md").read_text()
+    shape = yaml.safe_load(readme.split("See `config.example.yaml`; the shape:", 1)[1]
+                           .split("```yaml", 1)[1].split("```", 1)[0])
+    paths: list[list[str | int]] = []
+
+    def walk(value: object, path: list[str | int]) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                paths.append([*path, key])
+                walk(inner, [*path, key])
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            walk(value[0], [*path, 0])
+
+    walk(shape, [])
+    sections = "server|storage|redis|dashboard|telemetry|retention|router|tenants|models"
+    for reference in re.findall(rf"`((?:{sections})(?:\[\d*\])?(?:\.[A-Za-z_]\w*(?:\[\d*\])?)+)`", readme):
+        if reference not in _NOT_CONFIG:
+            paths.append([p for p in re.split(r"[.\[\]]+", reference) if p])
+    assert len(paths) > 60
+    missing = [".".join(map(str, p)) for p in paths if not _settings_field_exists(p)]
+    assert missing == []
+
+
+def test_the_field_check_finds_a_field_that_is_not_there() -> None:
+    assert _settings_field_exists(["storage", "encryption_key"]) and _settings_field_exists(["tenants", 0, "budget"])
+    assert not _settings_field_exists(["storage", "encryption_keys"])
+    assert not _settings_field_exists(["server", "max_body_byte"])
