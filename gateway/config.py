@@ -29,6 +29,7 @@ from storage.encryption import KEY_BYTES, EncryptionKeys
 from storage.retention import RetentionClasses, parse_duration
 
 ENV_PREFIX = "os.environ/"
+PLACEHOLDER = "REPLACE-ME"  # deploy/k8s/secrets.yaml's values: a config holding one is refused
 _SHA256_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -490,7 +491,13 @@ def _resolve_env(value: Any, where: str, path: str, missing: list[ConfigError],
             missing.append(ConfigError(path, where, f"environment variable {name} is not set",
                                        lines.line(loc) if lines else None))
             return value
+        if PLACEHOLDER in os.environ[name]:
+            missing.append(ConfigError(path, where, f"environment variable {name} holds a placeholder "
+                                       f"({PLACEHOLDER}...): set the real value", lines.line(loc) if lines else None))
         return os.environ[name]
+    if isinstance(value, str) and PLACEHOLDER in value:
+        missing.append(ConfigError(path, where, f"a placeholder ({PLACEHOLDER}...): set the real value",
+                                   lines.line(loc) if lines else None))
     return value
 
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.config import ENV_PREFIX, Settings, parse_settings, tenant_policies
+from gateway.config import ENV_PREFIX, ConfigError, Settings, parse_settings, tenant_policies
 from scripts.processes import TENANT_KEY, Gateway, fake_upstream, free_port, write_config
 from tests.conftest import start_gateway
 from tests.fake_upstream import FakeUpstream
@@ -52,9 +52,11 @@ def _keys(obj: dict[str, Any]) -> set[str]:
     return set(obj.get("data") or {}) | set(obj.get("stringData") or {}) | set(obj.get("binaryData") or {})
 
 
-def _secret_values(obj: dict[str, Any]) -> dict[str, str]:
+def _secret_values(obj: dict[str, Any], filled: bool = True) -> dict[str, str]:
+    """A Secret's values; `filled`: as an operator sets them (the shipped placeholders replaced)."""
     values = {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
-    return {**values, **(obj.get("stringData") or {})}
+    values = {**values, **(obj.get("stringData") or {})}
+    return {k: v.replace("REPLACE-ME", "set-by-operator") if filled else v for k, v in values.items()}
 
 
 def _workloads() -> list[dict[str, Any]]:
@@ -70,18 +72,19 @@ def _gateway() -> tuple[dict[str, Any], dict[str, Any]]:
     return deployment, next(c for c in _pod(deployment)["containers"] if c["name"] == "gateway")
 
 
-def _container_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+def _container_env(pod: dict[str, Any], container: dict[str, Any], filled: bool = True) -> dict[str, str]:
     """The environment the container starts with, from the manifests' own Secrets and ConfigMaps."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         if "secretRef" in source:
-            env.update(_secret_values(_named("Secret", source["secretRef"]["name"])))
+            env.update(_secret_values(_named("Secret", source["secretRef"]["name"]), filled))
         else:
             env.update(_named("ConfigMap", source["configMapRef"]["name"])["data"])
     for item in container.get("env", []):
         ref = item.get("valueFrom", {})
         if "secretKeyRef" in ref:
-            env[item["name"]] = _secret_values(_named("Secret", ref["secretKeyRef"]["name"]))[ref["secretKeyRef"]["key"]]
+            secret = _secret_values(_named("Secret", ref["secretKeyRef"]["name"]), filled)
+            env[item["name"]] = secret[ref["secretKeyRef"]["key"]]
         elif "configMapKeyRef" in ref:
             env[item["name"]] = _named("ConfigMap", ref["configMapKeyRef"]["name"])["data"][ref["configMapKeyRef"]["key"]]
         else:
@@ -239,6 +242,17 @@ def test_the_k8s_gateway_config_loads_from_the_pod_environment(monkeypatch: pyte
     assert pods * 2 * settings.storage.pool_size < max_connections
 
 
+def test_the_shipped_placeholder_secrets_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kubectl apply -f deploy/k8s/` as shipped starts no gateway that takes requests with REPLACE-ME keys."""
+    deployment, container = _gateway()
+    with pytest.raises(ConfigError) as caught:
+        _load(_k8s_config_raw(), _container_env(_pod(deployment), container, filled=False), monkeypatch)
+    refused = {problem.field for problem in caught.value.problems}
+    assert {"models[0].litellm_params.api_key", "tenants[0].api_keys[0]", "admin_keys[0]", "storage.url",
+            "dashboard.session_secret"} <= refused
+    assert all("holds a placeholder (REPLACE-ME...)" in p.problem for p in caught.value.problems)
+
+
 def test_the_k8s_gateway_writes_only_to_volumes_it_may_write(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = _k8s_settings(monkeypatch)
     deployment, container = _gateway()
@@ -358,6 +372,11 @@ def test_the_compose_config_loads_with_the_compose_environment(monkeypatch: pyte
     assert (database.username, database.password, database.path.lstrip("/")) == (
         postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"], postgres["POSTGRES_DB"])
     assert settings.redis.url and urlsplit(settings.redis.url).hostname in compose["services"]
+    # /metrics names tenants: the published port is this machine's only, and scrapes need the token
+    for service in compose["services"].values():
+        for published in service.get("ports", []):
+            assert str(published).startswith("127.0.0.1:"), published
+    assert settings.server.metrics_token == _compose_env(gateway)["GATEWAY_METRICS_TOKEN"]
     assert f"blobs:{settings.storage.blob_dir}" in gateway["volumes"]
     assert settings.server.shutdown_grace_seconds >= settings.server.upstream_timeout_seconds
     assert _seconds(gateway["stop_grace_period"]) > settings.server.shutdown_grace_seconds
