@@ -52,7 +52,10 @@ def test_blob_store_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_example_config_is_valid() -> None:
     settings = load_settings(REPO / "config.example.yaml")
-    assert settings.model("demo") is not None
+    demo = settings.model("demo")
+    assert demo is not None
+    # priced (a demo price), so the first run's money figures are not all $0
+    assert demo.litellm_params["input_cost_per_token"] > 0 and demo.litellm_params["output_cost_per_token"] > 0
 
 
 @pytest.mark.parametrize("mutate, field, words", [
