@@ -251,7 +251,7 @@ def create_app(
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
-        metrics.observe_error(error.code or error.error_type)
+        metrics.observe_error(error.code or error.error_type, request.url.path)
         return error_response(request.url.path, error)
 
     @app.exception_handler(EnvelopeError)
@@ -260,7 +260,7 @@ def create_app(
             gateway = key_unavailable("A stored record", error)
         else:
             gateway = GatewayError("A stored record failed its integrity check.", code="record_corrupted")
-        metrics.observe_error(gateway.code or gateway.error_type)
+        metrics.observe_error(gateway.code or gateway.error_type, request.url.path)
         return error_response(request.url.path, gateway)
 
     @app.exception_handler(RequestValidationError)

@@ -81,7 +81,7 @@ class ErrorBoundary:
             return  # nobody left to answer
         except Exception as exc:
             log.exception("unhandled error on %s", scope.get("path"))
-            self.metrics.observe_error("internal_error")
+            self.metrics.observe_error("internal_error", scope.get("path", ""))
             if started:
                 return  # the answer is under way; the server ends the broken response
             await error_response(scope.get("path", ""), internal_error(exc))(scope, receive, send)

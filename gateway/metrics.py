@@ -1,11 +1,13 @@
 """Prometheus metrics, one registry per app (tests and replicas never share counters).
 
 Token counters count finished (ok) runs only, as the savings ledger does, so
-the two agree for the runs this process served.
+the two agree for the runs this process served. No `*_created` series: each
+counter would be exposed twice, once with its creation time, which no
+dashboard reads.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from storage.record_types import AssemblyRecord, RunOutcome
@@ -13,26 +15,41 @@ from storage.record_types import AssemblyRecord, RunOutcome
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _ASSEMBLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+disable_created_metrics()  # process-wide in prometheus_client: no metric of this process wants them
+
+
+def surface_of(path: str) -> str:
+    """Which part of the gateway a path is: model requests, the records and admin APIs, the dashboard."""
+    if path.startswith(("/v1/", "/v1beta/")):
+        return "model"
+    if path.startswith("/api/"):
+        return "api"
+    if path.startswith("/dashboard"):
+        return "dashboard"
+    return "other"
 
 
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("gateway_requests", "Chat requests by tenant, model and status",
-                                ["tenant", "model", "status"], registry=r)
-        self.tokens_sent = Counter("gateway_tokens_sent", "Prompt tokens as the clients sent them",
+        self.requests = Counter(
+            "gateway_requests", "Model requests finished (every wire format, embeddings and completions too), "
+            "by tenant, model and final status", ["tenant", "model", "status"], registry=r)
+        self.tokens_sent = Counter("gateway_tokens_sent", "Prompt tokens as the clients sent them (ok runs)",
                                    ["tenant", "model"], registry=r)
-        self.tokens_forwarded = Counter("gateway_tokens_forwarded", "Prompt tokens as forwarded upstream",
+        self.tokens_forwarded = Counter("gateway_tokens_forwarded", "Prompt tokens as forwarded upstream (ok runs)",
                                         ["tenant", "model"], registry=r)
-        self.cached_tokens = Counter("gateway_cached_tokens", "Prompt tokens the provider reported as cached",
-                                     ["tenant", "model"], registry=r)
-        self.cost = Counter("gateway_cost_usd", "Cost as forwarded, USD", ["tenant", "model"], registry=r)
-        self.cost_original = Counter("gateway_cost_original_usd", "Cost the client's transcript would have had, USD",
-                                     ["tenant", "model"], registry=r)
-        self.rehydrations = Counter("gateway_rehydrations", "Rehydration calls answered by the gateway",
-                                    ["tenant", "outcome"], registry=r)
-        self.errors = Counter("gateway_errors", "Errors returned to clients, by type", ["type"], registry=r)
+        self.cached_tokens = Counter("gateway_cached_tokens", "Prompt tokens the provider reported as cached "
+                                     "(ok runs; the provider's tokenizer)", ["tenant", "model"], registry=r)
+        self.cost = Counter("gateway_cost_usd", "Cost as forwarded, USD (ok runs)", ["tenant", "model"], registry=r)
+        self.cost_original = Counter("gateway_cost_original_usd", "Cost the client's transcript would have had, "
+                                     "USD (ok runs)", ["tenant", "model"], registry=r)
+        self.rehydrations = Counter("gateway_rehydrations", "Artifacts put back raw, by outcome: answers to the "
+                                    "rehydration tool and artifacts a user message names", ["tenant", "outcome"],
+                                    registry=r)
+        self.errors = Counter("gateway_errors", "Error answers, by surface (model requests, the api, the "
+                              "dashboard) and error code", ["surface", "type"], registry=r)
         self.assembly_seconds = Histogram("gateway_assembly_seconds", "Time to assemble a projection",
                                           buckets=_ASSEMBLY_BUCKETS, registry=r)
         self.upstream_seconds = Histogram("gateway_upstream_seconds", "Upstream latency, all rounds",
@@ -55,8 +72,8 @@ class GatewayMetrics:
         self.cost.labels(tenant, model).inc(outcome.cost_usd or 0.0)
         self.cost_original.labels(tenant, model).inc(outcome.cost_original_usd or 0.0)
 
-    def observe_error(self, error_type: str) -> None:
-        self.errors.labels(error_type).inc()
+    def observe_error(self, error_type: str, path: str) -> None:
+        self.errors.labels(surface_of(path), error_type).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -417,7 +417,7 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
         except Exception as exc:  # a fault of ours mid-stream: recorded, and told in the stream's own terms
             error = internal_error(exc)
             await recorder.fail(error, status="internal_error")
-            services.metrics.observe_error("internal_error")
+            services.metrics.observe_error("internal_error", "/v1/")
             yield relay.error(error)
 
     return RecordedStream(events(), recorder, headers)

@@ -92,6 +92,7 @@ def test_metrics_parse_and_match_the_ledger(priced: RunningGateway) -> None:
     replay(priced, "minisweagent", key=OTHER_TENANT_KEY)
     with priced.client() as http:
         http.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        assert http.get("/api/requests/req_nope").status_code == 404  # an error of the api, not of a model
         text = http.get("/metrics").text
     with priced.client(key=ADMIN_KEY) as http:
         ledger = http.get("/api/savings").json()
@@ -107,7 +108,10 @@ def test_metrics_parse_and_match_the_ledger(priced: RunningGateway) -> None:
     assert total("gateway_tokens_forwarded_total") == ledger["totals"]["tokens_forwarded"]
     assert total("gateway_cached_tokens_total") == ledger["totals"]["cached_tokens"]
     assert total("gateway_requests_total") == ledger["totals"]["requests"]
-    assert samples[("gateway_errors_total", (("type", "model_not_found"),))] == 1
+    assert samples[("gateway_errors_total", (("surface", "model"), ("type", "model_not_found")))] == 1
+    assert sum(v for (n, labels), v in samples.items()
+               if n == "gateway_errors_total" and dict(labels)["surface"] == "api") == 1
+    assert not [n for n, _ in samples if n.endswith("_created")]  # each series once, no creation-time twin
     assert total("gateway_assembly_seconds_count") == ledger["totals"]["requests"]
     assert any(n == "gateway_upstream_seconds_bucket" for n, _ in samples)
     by_tenant = {dict(labels)["tenant"]: v for (n, labels), v in samples.items() if n == "gateway_tokens_sent_total"}
