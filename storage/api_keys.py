@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from storage.record_types import as_utc
-from storage.schema import ApiKey, ModelRun
+from storage.schema import ApiKey, DashboardSession, ModelRun
 from storage.store_base import StoreBase
 
 _KEYS = ApiKey.__table__
 _RUNS = ModelRun.__table__
+_SESSIONS = DashboardSession.__table__
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,15 @@ class ApiKeyRecord:
         }
 
 
-def _record(row: Any) -> ApiKeyRecord:
+def api_key_record(row: Mapping[str, Any]) -> ApiKeyRecord:
     return ApiKeyRecord(
-        id=row.id, tenant=row.tenant, name=row.name, digest=row.digest, prefix=row.prefix,
-        created_at=as_utc(row.created_at),
-        expires_at=as_utc(row.expires_at) if row.expires_at else None,
-        revoked_at=as_utc(row.revoked_at) if row.revoked_at else None,
-        models=tuple(row.models) if row.models is not None else None,
-        budget={k: float(v) for k, v in (row.budget or {}).items() if v is not None},
-        limits={k: int(v) for k, v in (row.limits or {}).items() if v is not None},
+        id=row["id"], tenant=row["tenant"], name=row["name"], digest=row["digest"], prefix=row["prefix"],
+        created_at=as_utc(row["created_at"]),
+        expires_at=as_utc(row["expires_at"]) if row["expires_at"] else None,
+        revoked_at=as_utc(row["revoked_at"]) if row["revoked_at"] else None,
+        models=tuple(row["models"]) if row["models"] is not None else None,
+        budget={k: float(v) for k, v in (row["budget"] or {}).items() if v is not None},
+        limits={k: int(v) for k, v in (row["limits"] or {}).items() if v is not None},
     )
 
 
@@ -74,27 +75,29 @@ class KeyRecords(StoreBase):
     def api_key_by_digest(self, digest: str) -> ApiKeyRecord | None:
         with self.engine.connect() as connection:
             row = connection.execute(select(_KEYS).where(_KEYS.c.digest == digest)).first()
-        return _record(row) if row is not None else None
+        return api_key_record(row._mapping) if row is not None else None
 
     def api_key(self, key_id: str) -> ApiKeyRecord | None:
         with self.engine.connect() as connection:
             row = connection.execute(select(_KEYS).where(_KEYS.c.id == key_id)).first()
-        return _record(row) if row is not None else None
+        return api_key_record(row._mapping) if row is not None else None
 
     def api_keys(self, tenant: str | None = None) -> list[ApiKeyRecord]:
         query = select(_KEYS).order_by(_KEYS.c.created_at, _KEYS.c.id)
         if tenant is not None:
             query = query.where(_KEYS.c.tenant == tenant)
         with self.engine.connect() as connection:
-            return [_record(row) for row in connection.execute(query)]
+            return [api_key_record(row._mapping) for row in connection.execute(query)]
 
     def revoke_api_key(self, key_id: str) -> ApiKeyRecord | None:
-        """Revoke a key (once: a second revocation keeps the first time); None if there is no such key."""
+        """Revoke a key (once: a second revocation keeps the first time) and end the dashboard sessions
+        it signed in, in one transaction; None if there is no such key."""
         with self._writing, self.engine.begin() as connection:
             connection.execute(update(_KEYS).where(_KEYS.c.id == key_id, _KEYS.c.revoked_at.is_(None))
                                .values(revoked_at=self._now()))
+            connection.execute(delete(_SESSIONS).where(_SESSIONS.c.key_id == key_id))
             row = connection.execute(select(_KEYS).where(_KEYS.c.id == key_id)).first()
-        return _record(row) if row is not None else None
+        return api_key_record(row._mapping) if row is not None else None
 
     def spend_since(self, since: datetime, tenant: str, api_key_id: str | None = None) -> float:
         """USD recorded for a tenant's runs (or one key's) started from `since` on."""

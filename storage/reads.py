@@ -22,7 +22,8 @@ from storage.record_types import (
     merged_decisions,
     run_as_dict,
 )
-from storage.schema import ContextAssembly, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall
+from storage.schema import (ContextAssembly, ForwardedMessage, MessageNode, ModelRun, SavingsLedgerDay, ToolArtifact,
+                            ToolCall)
 from storage.store_base import StoreBase
 
 
@@ -182,6 +183,14 @@ class Reads(StoreBase):
             detail = [dict(zip(ROW_KEYS, values)) for values in connection.execute(query)]
             rolled_up = ledger_rows(connection, tenant, start, end, model, session_key)
         return merged(rolled_up, detail)
+
+    def models_used(self, tenant: str) -> list[str]:
+        """The models a tenant's runs name, kept or rolled up into the ledger, sorted."""
+        with self.engine.connect() as connection:
+            kept = connection.scalars(select(ModelRun.model).where(ModelRun.tenant == tenant).distinct())
+            rolled = connection.scalars(select(SavingsLedgerDay.model)
+                                        .where(SavingsLedgerDay.tenant == tenant).distinct())
+            return sorted(set(kept) | set(rolled))
 
     def recent_runs(self, tenant: str | None, limit: int = 50, session_key: str | None = None) -> list[dict[str, Any]]:
         """The latest runs, newest first, for the dashboard's tables."""

@@ -4,8 +4,8 @@ Its parts live in their own modules: capture (`storage/capture.py`), the read
 side (`storage/reads.py`), deletion and blob collection
 (`storage/deletion.py`), retention and garbage collection (`storage/retention.py`), tenant
 purge (`storage/purge.py`), serving instances and the runs a dead one left
-pending (`storage/instances.py`), keys made through the API (`storage/api_keys.py`), key rotation
-(`storage/rotation.py`).
+pending (`storage/instances.py`), keys made through the API (`storage/api_keys.py`), dashboard sessions
+(`storage/dashboard_sessions.py`), key rotation (`storage/rotation.py`).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from storage.api_keys import KeyRecords
 from storage.capture import Capture
+from storage.dashboard_sessions import DashboardSessions
 from storage.instances import Instances
 from storage.purge import Purge
 from storage.reads import Reads
@@ -26,7 +27,7 @@ from storage.retention import Retention
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
-class RecordStore(Capture, Reads, Retention, Purge, Instances, KeyRecords, Rotation):
+class RecordStore(Capture, Reads, Retention, Purge, Instances, KeyRecords, DashboardSessions, Rotation):
     def create_schema(self) -> None:
         """Bring the database to the latest schema (Alembic migrations in storage/migrations).
 

@@ -292,3 +292,16 @@ class TenantPurge(Base):
     actor: Mapped[str] = mapped_column(String(256))
     purged_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     counts_json: Mapped[str] = mapped_column(Text)
+
+
+class DashboardSession(Base):
+    """A signed-in dashboard browser. The cookie names it (gateway/sessions.py); a page is served only
+    while its row is here, so signing out, revoking the key or removing it ends it on every replica."""
+
+    __tablename__ = "dashboard_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex of the cookie's session id
+    key_id: Mapped[str] = mapped_column(ID, index=True)  # the key that signed in: a made key's id or key-<digest>
+    tenant: Mapped[str | None] = mapped_column(TENANT, index=True)  # None: an admin key
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

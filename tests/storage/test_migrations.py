@@ -110,3 +110,33 @@ def test_0009_gives_existing_conversations_their_last_activity(storage_url: str,
         assert store.get_run("req_1", "acme") is not None and store.get_run("req_3", "acme") is None
     finally:
         store.engine.dispose()
+
+
+def test_0012_adds_dashboard_sessions_and_takes_them_away(storage_url: str, tmp_path: Path) -> None:
+    """Before 0012 there is no session table (a cookie alone signed in); 0012 adds it, empty, so every
+    cookie issued before signs in again; downgrading drops it and upgrading again brings it back."""
+    from datetime import datetime, timedelta, timezone
+
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    store = make_store(storage_url, tmp_path / "blobs")
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    store.start_dashboard_session("sid", "key-0123456789ab", "acme", later)
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(Path(__file__).resolve().parents[2] / "storage" / "migrations"))
+    try:
+        with store.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0011")
+        with store.engine.connect() as connection:
+            assert "dashboard_sessions" not in inspect(connection).get_table_names()
+        store.create_schema()
+        with store.engine.connect() as connection:
+            indexes = {i["name"] for i in inspect(connection).get_indexes("dashboard_sessions")}
+        assert {"ix_dashboard_sessions_key_id", "ix_dashboard_sessions_expires_at"} <= indexes
+        assert store.dashboard_session("sid") is None  # what was there before is gone: sign in again
+        store.start_dashboard_session("sid", "key-0123456789ab", "acme", later)
+        assert store.dashboard_session("sid") is not None
+    finally:
+        store.engine.dispose()
