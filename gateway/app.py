@@ -21,6 +21,7 @@ from gateway.auth import KeyRing, metrics_caller
 from gateway.budgets import Budgets
 from gateway.boundaries import ErrorBoundary, RequestSanity
 from gateway.config import Settings, load_settings, tenant_policies
+from gateway.dashboard_headers import DashboardHeaders
 from gateway.deployments import RoutedUpstream
 from gateway.encodings import use_bundled_encodings
 from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
@@ -214,13 +215,16 @@ def create_app(
     docs = settings.server.docs
     app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
                   redoc_url=None, openapi_url="/openapi.json" if docs else None)
-    # Middleware, outermost first (add_middleware prepends): request ids wrap everything; the
-    # server span sees the request id and the final status; the error boundary answers what escapes a route; the run guard finishes any run left open;
-    # request lines storage cannot hold are refused before a route sees them.
+    # Middleware, outermost first (add_middleware prepends): request ids wrap everything; every
+    # dashboard response, refusals and errors included, gets the dashboard's security headers; the
+    # server span sees the request id and the final status; the error boundary answers what escapes a
+    # route; the run guard finishes any run left open; request lines storage cannot hold are refused
+    # before a route sees them.
     app.add_middleware(RequestSanity)
     app.add_middleware(RunGuard)
     app.add_middleware(ErrorBoundary, metrics=metrics)
     app.add_middleware(TracingMiddleware, tracing=tracing)
+    app.add_middleware(DashboardHeaders)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(model_routes.router)
     app.include_router(records_api.router)

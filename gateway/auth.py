@@ -69,11 +69,26 @@ class KeyRing:
             self._entries.append((bytes.fromhex(digest), principal))
 
     def by_key_id(self, key_id: str) -> Principal | None:
-        """The principal of a key by its fingerprint (for signed dashboard sessions)."""
+        """The principal of a config key by its fingerprint."""
         return next((p for _, p in self._entries if p.key_id == key_id), None)
 
+    def key_ids(self) -> frozenset[str]:
+        """The fingerprints of the config's keys (a reload ends the dashboard sessions of those it drops)."""
+        return frozenset(p.key_id for _, p in self._entries)
+
+    def session_principal(self, key_id: str, record: ApiKeyRecord | None) -> Principal | None:
+        """Whom a dashboard session signed in by `key_id` speaks for now: a config key by its
+        fingerprint, a made key from its record as just read; None once the key is gone, revoked or
+        expired."""
+        if record is None:
+            return self.by_key_id(key_id)
+        try:
+            return self._made(record)
+        except AuthenticationFailed:
+            return None
+
     def lookup(self, key: str) -> Principal | None:
-        """A key of the config (the dashboard signs in with these only)."""
+        """A key of the config."""
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
         found: Principal | None = None
         for stored, principal in self._entries:

@@ -1,13 +1,17 @@
 """The dashboard: savings over time, sessions, and the assembly inspector.
 
-Server-rendered (Jinja2), no script, charts as inline SVG. Signed in with a
+Server-rendered (Jinja2), no script, charts as inline SVG, one stylesheet. Signed in with a
 tenant or admin key through a form; the session lives in an HttpOnly cookie
-(gateway/sessions.py), never in the URL. Figures come from the same ledger
-function as `GET /api/savings`.
+naming a session the database holds (gateway/sessions.py), never in the URL.
+Every form carries a token and refuses posts from other sites
+(gateway/dashboard_guard.py); every response carries the security headers of
+gateway/dashboard_headers.py. Figures come from the same ledger function as
+`GET /api/savings`; a tenant's filters list only its own models.
 """
 from __future__ import annotations
 
 from collections import Counter
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -15,50 +19,102 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from gateway import dashboard_guard as guard
 from gateway.auth import Principal
 from gateway.charts import bars
-from gateway.errors import GatewayError
+from gateway.errors import AuthenticationFailed, GatewayError
 from gateway.records_api import savings_ledger
 from gateway.run_recorder import outcomes_written
 from gateway.services import Services, ServicesDep
-from gateway.sessions import COOKIE, LIFETIME_SECONDS
+from gateway.sessions import COOKIE, LIFETIME_SECONDS, end_session, signed_in, start_session
 from gateway.threads import aside
 
+TEMPLATES = Path(__file__).parent / "templates"
 router = APIRouter(prefix="/dashboard", include_in_schema=False, dependencies=[Depends(outcomes_written)])
-templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+templates = Jinja2Templates(directory=str(TEMPLATES))
 
 
-def _signed_in(request: Request, services: Services) -> Principal | None:
-    return services.sessions.verify(request.cookies.get(COOKIE), services.keyring)
+@cache
+def _stylesheet() -> str:
+    return (TEMPLATES / "dashboard.css").read_text(encoding="utf-8")
+
+
+async def _signed_in(request: Request, services: Services) -> Principal | None:
+    return await aside(signed_in, services.store, services.sessions, services.keyring, request.cookies.get(COOKIE),
+                       services.clock())
 
 
 def _login_redirect() -> RedirectResponse:
     return RedirectResponse("/dashboard/login", status_code=303)
 
 
+def _page(request: Request, services: Services, name: str, context: dict[str, Any], status: int = 200) -> Response:
+    """A page whose forms carry the token bound to the browser's `gw_csrf` cookie (set here if new)."""
+    cookie, new = guard.form_cookie(request)
+    response = templates.TemplateResponse(
+        request, name, {**context, "csrf_token": guard.token_for(services.sessions, cookie)}, status_code=status)
+    if new:
+        guard.keep(response, request, cookie)
+    return response
+
+
+def _refused(request: Request, services: Services, reason: str) -> Response:
+    return _page(request, services, "refused.html", {"principal": None, "message": reason}, status=403)
+
+
+@router.get("/style.css")
+async def stylesheet() -> Response:
+    return Response(_stylesheet(), media_type="text/css", headers={"cache-control": "max-age=300"})
+
+
 @router.get("/login", response_class=HTMLResponse)
-async def login_form(request: Request) -> Response:
-    return templates.TemplateResponse(request, "login.html", {"principal": None, "error": None})
+async def login_form(request: Request, services: ServicesDep) -> Response:
+    return _page(request, services, "login.html", {"principal": None, "error": None})
 
 
 @router.post("/login")
-async def login(request: Request, services: ServicesDep, api_key: str = Form("")) -> Response:
-    principal = services.keyring.lookup(api_key.strip()) if api_key.strip() else None
+async def login(request: Request, services: ServicesDep, api_key: str = Form(""),
+                csrf_token: str = Form("")) -> Response:
+    """Sign in with a config key or a made one (`gw-...`); posts from other sites are a 403."""
+    reason = guard.refusal(request, services.sessions, csrf_token)
+    if reason is not None:
+        return _refused(request, services, reason)
+    key = api_key.strip()
+    try:
+        principal = await services.keyring.afind(key) if key else None
+    except AuthenticationFailed as error:  # a made key revoked or expired: said as such
+        principal, message = None, error.message
+    else:
+        message = "That key is not known here."
     if principal is None:
-        return templates.TemplateResponse(
-            request, "login.html", {"principal": None, "error": "That key is not known here."}, status_code=401
-        )
+        return _page(request, services, "login.html", {"principal": None, "error": message}, status=401)
+    cookie = await aside(start_session, services.store, services.sessions, principal, services.clock())
     response = RedirectResponse("/dashboard", status_code=303)
-    response.set_cookie(COOKIE, services.sessions.issue(principal), max_age=LIFETIME_SECONDS, httponly=True,
+    response.set_cookie(COOKIE, cookie, max_age=LIFETIME_SECONDS, httponly=True,
                         samesite="strict", secure=request.url.scheme == "https", path="/")
     return response
 
 
 @router.post("/logout")
-async def logout() -> Response:
-    response = RedirectResponse("/dashboard/login", status_code=303)
+async def logout(request: Request, services: ServicesDep, csrf_token: str = Form("")) -> Response:
+    """Sign out: the session ends on the server, so a copy of the cookie signs nobody in either."""
+    reason = guard.refusal(request, services.sessions, csrf_token)
+    if reason is not None:
+        return _refused(request, services, reason)
+    await aside(end_session, services.store, services.sessions, request.cookies.get(COOKIE), services.clock())
+    response = _login_redirect()
     response.delete_cookie(COOKIE, path="/")
     return response
+
+
+async def _models(services: Services, principal: Principal) -> list[str]:
+    """The models the filter offers: every model of the config to an admin; to a tenant the models it
+    may use (`tenants[].models`, narrowed by a made key's own list), else those its records name."""
+    if principal.is_admin:
+        return [m.name for m in services.settings.models]
+    if principal.tenant is not None and principal.tenant.models is not None:
+        return list(principal.tenant.models)
+    return await aside(services.store.models_used, principal.tenant_id)
 
 
 @router.get("", response_class=HTMLResponse)
@@ -70,15 +126,15 @@ async def overview(
     start: str | None = None,
     end: str | None = None,
 ) -> Response:
-    principal = _signed_in(request, services)
+    principal = await _signed_in(request, services)
     if principal is None:
         return _login_redirect()
     try:
         ledger = await savings_ledger(services, principal, start, end, model or None, None, tenant or None)
     except GatewayError as error:  # a bad filter: said on a page, escaped like every other string
-        return templates.TemplateResponse(request, "error.html", {"principal": principal, "message": error.message,
-                                                                  "status": error.status_code},
-                                          status_code=error.status_code)
+        return _page(request, services, "error.html",
+                     {"principal": principal, "message": error.message, "status": error.status_code},
+                     status=error.status_code)
     scope = ledger["filters"]["tenant"]
     runs = await aside(services.store.recent_runs, scope, 30)
     days = [d["day"] for d in ledger["by_day"]]
@@ -94,10 +150,10 @@ async def overview(
         "runs": runs,
         "token_chart": token_chart,
         "money_chart": money_chart,
-        "tenants": [t.id for t in services.settings.tenants],
-        "models": [m.name for m in services.settings.models],
+        "tenants": [t.id for t in services.settings.tenants] if principal.is_admin else [],
+        "models": await _models(services, principal),
     }
-    return templates.TemplateResponse(request, "overview.html", context)
+    return _page(request, services, "overview.html", context)
 
 
 def _rows(original: list[dict[str, Any]], forwarded: list[dict[str, Any]] | None,
@@ -118,12 +174,12 @@ def _rows(original: list[dict[str, Any]], forwarded: list[dict[str, Any]] | None
 
 @router.get("/requests/{request_id}", response_class=HTMLResponse)
 async def inspector(request_id: str, request: Request, services: ServicesDep) -> Response:
-    principal = _signed_in(request, services)
+    principal = await _signed_in(request, services)
     if principal is None:
         return _login_redirect()
     record = await aside(services.store.get_run, request_id, principal.scope())
     if record is None:  # another tenant's request looks like no request at all
-        return templates.TemplateResponse(request, "not_found.html", {"principal": principal}, status_code=404)
+        return _page(request, services, "not_found.html", {"principal": principal}, status=404)
     original = await aside(services.store.path_messages, record.run["leaf_node_id"])
     forwarded = await aside(services.store.forwarded_messages, request_id, principal.scope())
     assembly = record.assembly.as_dict() if record.assembly else None
@@ -136,4 +192,4 @@ async def inspector(request_id: str, request: Request, services: ServicesDep) ->
         "rehydrations": [d for d in decisions if d.get("index") is None],
         "decision_counts": dict(Counter(d["action"] for d in decisions)),
     }
-    return templates.TemplateResponse(request, "request.html", context)
+    return _page(request, services, "request.html", context)

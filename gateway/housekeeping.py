@@ -1,5 +1,6 @@
-"""What every instance does in the background: beat, settle dead instances' runs, collect blobs, and
-garbage collection on its schedule (`retention.gc_interval_seconds`, one replica at a time)."""
+"""What every instance does in the background: beat, settle dead instances' runs, collect blobs, delete
+expired dashboard sessions, and garbage collection on its schedule (`retention.gc_interval_seconds`, one
+replica at a time)."""
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,7 @@ class Housekeeping:
             log.warning("marked %d run(s) interrupted: their gateway stopped before they ended", settled)
         if self.beats % BLOB_SWEEP_EVERY == 0:
             self.store.collect_unreferenced_blobs()
+            self.store.sweep_dashboard_sessions()  # expired sign-ins: already refused, now deleted
         self.beats += 1
         self.collect_garbage_if_due()
 

@@ -5,7 +5,7 @@ change to the config file or a tenant's policy file reads the files again. A
 config that does not load (bad YAML, a misspelled field, a missing policy file)
 is refused with its error, logged and answered, and the config in use stays.
 One that loads replaces, in one step, the keys, tenants, limits, models and
-policies: a request reads them once as it starts, so requests in flight finish
+policies (dashboard sessions signed in with a removed key end): a request reads them once as it starts, so requests in flight finish
 under the config they began with and the next one uses the new. Settings that
 only a restart can change (storage, Redis, the listening socket, the transport,
 logging, telemetry, the heartbeat) keep their running values; the reload names them.
@@ -76,6 +76,21 @@ def _stamp(files: list[Path]) -> tuple[tuple[str, float, int], ...]:
     return tuple(out)
 
 
+def _end_sessions_of_removed_keys(current: Services, keyring: KeyRing) -> None:
+    """The dashboard sessions signed in with config keys this reload dropped end now (the new keyring
+    already signs nobody in with them; this keeps them ended if the key comes back)."""
+    removed = current.keyring.key_ids() - keyring.key_ids()
+    if not removed:
+        return
+    try:
+        ended = current.store.end_dashboard_sessions_of_keys(removed)
+    except Exception:  # the database is away: the keyring refuses those sessions all the same
+        log.exception("config reload: ending the dashboard sessions of removed keys failed")
+        return
+    if ended:
+        log.info("config reload: ended %d dashboard session(s) of removed keys", ended)
+
+
 class Reloader:
     """Swaps `app.state.services` for one built from the files as they are now."""
 
@@ -106,6 +121,7 @@ class Reloader:
             self.app.state.services = replace(current, settings=settings, keyring=keyring,
                                               policies=policies, sessions=sessions, upstream=upstream)
             self._stamp = _stamp(watched_files(settings))
+            _end_sessions_of_removed_keys(current, keyring)
             versions = {tenant: f"{policy.name} {policy.version_label}" for tenant, policy in policies.items()}
             log.info("config reloaded from %s", self.path, extra={"fields": {
                 "event": "config_reload", "ok": True, "policies": versions, "needs_restart": list(needs_restart)}})

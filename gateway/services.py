@@ -10,7 +10,7 @@ from gateway.assembly_bases import RecentAssemblies
 from gateway.budgets import Budgets
 from gateway.auth import KeyRing, Principal, authenticate, bearer_key
 from gateway.metrics import GatewayMetrics
-from gateway.sessions import COOKIE, SessionSigner
+from gateway.sessions import COOKIE, SessionSigner, signed_in
 from gateway.config import Settings
 from gateway.tracing import OFF, Tracing
 from gateway.upstream import UpstreamClient
@@ -42,13 +42,14 @@ async def get_services(request: Request) -> Services:
 
 
 def get_principal(request: Request) -> Principal:
-    """The bearer key's principal; for reads without one, the dashboard's signed session cookie.
+    """The bearer key's principal; for reads without one, the dashboard's live session (its cookie).
     (A sync dependency: FastAPI runs it in a worker thread, where a made key may be read from the database.)"""
     services: Services = request.app.state.services
     authorization = request.headers.get("authorization")
     api_key = request.headers.get("x-api-key")
     if bearer_key(authorization) is None and api_key is None and request.method == "GET":
-        principal = services.sessions.verify(request.cookies.get(COOKIE), services.keyring)
+        principal = signed_in(services.store, services.sessions, services.keyring, request.cookies.get(COOKIE),
+                              services.clock())
         if principal is not None:
             return principal
     return authenticate(services.keyring, authorization, api_key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import uuid
 from dataclasses import dataclass
@@ -229,6 +230,19 @@ class RunningGateway:
     def client(self, key: str = TENANT_KEY, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"},
                             timeout=60, **kwargs)
+
+
+def dashboard_form_token(client: httpx.Client, path: str = "/dashboard/login") -> str:
+    """The `csrf_token` of a dashboard page's forms (the client keeps the `gw_csrf` cookie it is bound to)."""
+    page = client.get(path)
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+def dashboard_sign_in(client: httpx.Client, key: str) -> httpx.Response:
+    """Sign in through the dashboard's form as a browser does: the key and the form's token."""
+    return client.post("/dashboard/login", data={"api_key": key, "csrf_token": dashboard_form_token(client)})
 
 
 def start_gateway(settings: Settings, fake: FakeUpstream) -> tuple[RunningGateway, ServerThread]:

@@ -22,3 +22,15 @@ def rehydration_gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> 
     running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, tenants=tenants), fake)
     yield running
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    """The default gateway (SQLite, a fake upstream of its own) shared by the tests of one module."""
+    tmp = tmp_path_factory.mktemp("gateway")
+    with FakeUpstream() as fake:
+        running, server = start_gateway(settings_for(fake.api_base, f"sqlite:///{tmp / 'gateway.db'}", tmp), fake)
+        try:
+            yield running
+        finally:
+            server.stop()

@@ -8,7 +8,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_KEY, TENANT_KEY, RunningGateway
+from tests.conftest import ADMIN_KEY, TENANT_KEY, RunningGateway, dashboard_sign_in
 
 SCRIPT = "<script>alert(1)</script>"
 ATTRIBUTE = '"><img src=x onerror=alert(2)>'
@@ -17,7 +17,7 @@ ATTRIBUTE = '"><img src=x onerror=alert(2)>'
 @contextmanager
 def signed_in(gateway: RunningGateway, key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=gateway.url, timeout=30) as client:
-        response = client.post("/dashboard/login", data={"api_key": key})
+        response = dashboard_sign_in(client, key)
         assert response.status_code in (200, 303), response.text
         yield client
 

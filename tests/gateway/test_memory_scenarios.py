@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from policies.presets import _PRESETS
-from tests.conftest import TENANT_KEY, RunningGateway, settings_for, start_gateway
+from tests.conftest import TENANT_KEY, RunningGateway, dashboard_sign_in, settings_for, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.gateway.test_scenarios import call, result
 
@@ -101,7 +101,7 @@ def test_an_early_exception_survives_a_flood_of_duplicate_outputs(gateway: Runni
     policy_decision = decisions[3]
     assert policy_decision["action"] == "compacted" and "condition" in policy_decision["kept"]
     with httpx.Client(base_url=gateway.url, timeout=30) as client:  # the inspector shows it
-        assert client.post("/dashboard/login", data={"api_key": TENANT_KEY}).status_code in (200, 303)
+        assert dashboard_sign_in(client, TENANT_KEY).status_code in (200, 303)
         page = client.get(f"/dashboard/requests/{agent.last.headers['x-gateway-request-id']}").text
     assert "kept lines: " in page and "condition" in page
 
