@@ -10,7 +10,9 @@ gateway/dashboard_headers.py. Figures come from the same ledger function as
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
+from datetime import timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,32 @@ from gateway.threads import aside
 TEMPLATES = Path(__file__).parent / "templates"
 router = APIRouter(prefix="/dashboard", include_in_schema=False, dependencies=[Depends(outcomes_written)])
 templates = Jinja2Templates(directory=str(TEMPLATES))
+_TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def _as_text(content: Any) -> str:
+    """A message's content as a reader wants it: text as text (a list of text parts joined), anything
+    else as indented JSON with its characters as they are (no `\\u0027`); the page escapes it."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS for p in content):
+        return "\n".join(str(p.get("text", "")) for p in content)
+    return json.dumps(content, ensure_ascii=False, indent=1)
+
+
+def _duration(value: timedelta) -> str:
+    """A retention lifetime as the config writes it: 90d, 12h, 45m."""
+    seconds = int(value.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+templates.env.filters["as_text"] = _as_text
+templates.env.filters["duration"] = _duration
 
 
 @cache
@@ -152,8 +180,18 @@ async def overview(
         "money_chart": money_chart,
         "tenants": [t.id for t in services.settings.tenants] if principal.is_admin else [],
         "models": await _models(services, principal),
+        "unpriced": _unpriced(services, principal),
     }
     return _page(request, services, "overview.html", context)
+
+
+def _unpriced(services: Services, principal: Principal) -> list[str]:
+    """The models this principal may use that have no price: their runs show $0 (said on the page)."""
+    allowed = None if principal.is_admin or principal.tenant is None else principal.tenant.models
+    names = {m.name for m in services.settings.models if "*" not in m.name and (allowed is None or m.name in allowed)}
+    return sorted(name for name in names
+                  if any(services.upstream.prices(entry.litellm_params) is None
+                         for _, entry in services.settings.deployments(name)))
 
 
 def _rows(original: list[dict[str, Any]], forwarded: list[dict[str, Any]] | None,
@@ -170,6 +208,21 @@ def _rows(original: list[dict[str, Any]], forwarded: list[dict[str, Any]] | None
         rows.append({"index": index, "original": message, "forwarded": sent, "decision": decision,
                      "artifact_id": message.get("artifact_id") or decision.get("artifact_id")})
     return rows
+
+
+_NO_TRANSCRIPT = ("openai.embeddings", "openai.completions")
+
+
+def _gone(run: dict[str, Any], assembly: dict[str, Any] | None, original: list[dict[str, Any]]) -> list[str]:
+    """What of this run's records retention has removed (the run itself outlives them): said on its page."""
+    if run["wire_format"] in _NO_TRANSCRIPT or run["status"] == "pending":
+        return []
+    gone = []
+    if assembly is None and run["status"] == "ok":
+        gone.append("assemblies")
+    if run.get("message_count") and not original:
+        gone.append("transcript")
+    return gone
 
 
 @router.get("/requests/{request_id}", response_class=HTMLResponse)
@@ -191,5 +244,7 @@ async def inspector(request_id: str, request: Request, services: ServicesDep) ->
         "rows": _rows(original, forwarded, decisions),
         "rehydrations": [d for d in decisions if d.get("index") is None],
         "decision_counts": dict(Counter(d["action"] for d in decisions)),
+        "gone": _gone(record.run, assembly, original),
+        "retention": services.settings.retention_for(record.run["tenant"]),
     }
     return _page(request, services, "request.html", context)
