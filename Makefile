@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= config.example.yaml
 
-.PHONY: run test bench clean
+.PHONY: run demo test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 
 run: $(VENV)/.installed
 	$(BIN)/gateway serve --config $(CONFIG)
+
+demo: $(VENV)/.installed   # with `make run` serving in another terminal
+	$(BIN)/gateway demo
 
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check --select F,E9 gateway policies storage tests bench scripts

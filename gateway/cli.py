@@ -119,6 +119,24 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if total["protocol_violations"] or total["latest_round_lost"] or total["user_system_lost"] else 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.demo_session import DemoFailed, run_demo
+
+    print(f"gateway demo: a real agent session (OpenHands on ponyc-4595, 23 tool calls) through {args.url}, "
+          f"model {args.model!r}")
+    try:
+        result = run_demo(args.url, args.key, args.model)
+    except DemoFailed as error:
+        print(f"gateway demo: {error}", file=sys.stderr)
+        return 1
+    share = 1 - result.tokens_forwarded / result.tokens_sent if result.tokens_sent else 0.0
+    print(f"session {result.session}: {result.requests} requests, {result.tokens_sent:,} prompt tokens sent by "
+          f"the agent, {result.tokens_forwarded:,} forwarded ({share:.0%} fewer); "
+          f"${result.saved_usd:.4f} saved of ${result.cost_original_usd:.4f}")
+    print(f"open {args.url}/dashboard and sign in with the same key to see it")
+    return 0
+
+
 def _rotate_keys(args: argparse.Namespace) -> int:
     from gateway.app import build_store
 
@@ -260,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--tenant", default="replay",
                         help="tenant the ids are derived for (use the gateway's to compare with it exactly)")
     replay.set_defaults(run=_replay)
+    demo = sub.add_parser("demo", help="send a bundled real agent session through a running gateway")
+    demo.add_argument("--url", default="http://127.0.0.1:4000", help="the gateway (default: %(default)s)")
+    demo.add_argument("--key", default="sk-acme-1", help="a tenant key (default: config.example.yaml's)")
+    demo.add_argument("--model", default="demo", help="the model to ask (default: the offline demo model)")
+    demo.set_defaults(run=_demo)
     keys = sub.add_parser("keys", help="encryption keys of the stored artifacts").add_subparsers(dest="keys_command",
                                                                                               required=True)
     rotate = keys.add_parser("rotate", help="re-seal everything stored under storage.encryption_key (safe while serving)")

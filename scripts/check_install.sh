@@ -48,3 +48,9 @@ if ! printf '%s' "$answer" | grep -q "offline demo model"; then
   exit 1
 fi
 echo "check-install: the README's curl answered $((answered - installed)) s after the install"
+
+# The first run's demo: the bundled session (package data) through the same server.
+if ! "$WORK/venv/bin/gateway" demo --url "http://127.0.0.1:$PORT" > "$WORK/demo.log" 2>&1; then
+  echo "check-install: gateway demo failed:" >&2; tail -5 "$WORK/demo.log" >&2; exit 1
+fi
+echo "check-install: $(grep '^session ' "$WORK/demo.log")"
