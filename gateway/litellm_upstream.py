@@ -265,7 +265,7 @@ class LiteLLMUpstream:
         try:
             return await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=stream))
         except Exception as exc:
-            request = self._refused_tool_changes(request, map_error(exc), exc)
+            request = self._refused_tool_changes(request, map_error(exc, request), exc)
         return await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=stream))
 
     async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
@@ -274,7 +274,7 @@ class LiteLLMUpstream:
         except UpstreamError:
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         body = response if isinstance(response, dict) else response.model_dump()
         if not isinstance(body.get("content"), list):
             raise UpstreamInvalidResponse("upstream: the answer is not a message (no content blocks)")
@@ -296,7 +296,7 @@ class LiteLLMUpstream:
         except UpstreamError:
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
     def _responses_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
         return self._call_kwargs(request, _RESPONSES_PARAMS.__contains__, stream=stream)
@@ -305,7 +305,7 @@ class LiteLLMUpstream:
         try:
             response = await litellm.aresponses(**self._responses_kwargs(request, stream=False))
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         body = response if isinstance(response, dict) else response.model_dump(warnings=False)
         if not isinstance(body.get("output"), list):
             raise UpstreamInvalidResponse("upstream: the answer is not a response (no output items)")
@@ -322,7 +322,7 @@ class LiteLLMUpstream:
         except UpstreamError:
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
     def _plain_kwargs(self, request: UpstreamRequest) -> dict[str, Any]:
         """Embeddings and completions: the body's fields by name, except anything LiteLLM would take as a
@@ -335,14 +335,14 @@ class LiteLLMUpstream:
         try:
             response = await litellm.aembedding(**self._plain_kwargs(request))
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         return _drop_none(response.model_dump(), _KEEP_NULL)
 
     async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]:
         try:
             response = await litellm.atext_completion(**self._plain_kwargs(request))
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         return _drop_none(response.model_dump(), _KEEP_NULL)
 
     async def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
@@ -357,7 +357,7 @@ class LiteLLMUpstream:
         except UpstreamError:
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
     async def warm_up(self) -> None:
         """Load what LiteLLM loads on its first call and first stream (offline: a mock answer)."""
@@ -383,7 +383,7 @@ class LiteLLMUpstream:
         try:
             response = await litellm.acompletion(**self._kwargs(request, stream=False))
         except Exception as exc:  # LiteLLM raises many types; map them once, here
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         return check_completion(_completion_out(response.model_dump()))
 
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
@@ -409,7 +409,7 @@ class LiteLLMUpstream:
         except UpstreamError:
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
     def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
         if "input_cost_per_token" in litellm_params:
