@@ -144,3 +144,27 @@ def test_readme_policy_example_is_valid() -> None:
     policy = policy_from_mapping(yaml.safe_load(block), "README.md")
     assert policy.name == "support-agent" and policy.rule_for("gmail_send").privacy == "restricted"
     assert policy.rule_for("get_stock_price").stale_after == 15 * 60
+
+
+@pytest.mark.parametrize("name, model", [
+    ("claude-sonnet-4-5", "anthropic/claude-sonnet-4-5"), ("claude-3.5_x:latest", "anthropic/claude-3.5_x:latest"),
+    ("claude-", "anthropic/claude-"),
+])
+def test_a_wildcard_fills_in_a_plain_name(name: str, model: str) -> None:
+    from gateway.config import parse_settings
+
+    settings = parse_settings({**GOOD, "models": [
+        {"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_key": "k"}}]})
+    assert settings.model(name).litellm_params["model"] == model
+
+
+@pytest.mark.parametrize("name", ["claude-a/b", "claude-../../v1/evil?", "claude-a?b", "claude-a#b", "claude-a%2fb",
+                                  "claude-a b", "claude-..", "claude-x..y", "claude-a\nb", "claude-ä", "claude-a\\b"])
+def test_a_wildcard_matches_no_name_that_is_not_plain(name: str) -> None:
+    """What a `*` stands for goes into the provider's URL path: only letters, digits, `.`, `_`, `-`, `:`."""
+    from gateway.config import parse_settings
+
+    settings = parse_settings({**GOOD, "models": [
+        {"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_key": "k"}},
+        {"name": "*", "litellm_params": {"model": "openai/*", "api_key": "k"}}]})
+    assert settings.model(name) is None and settings.deployments(name) == []
