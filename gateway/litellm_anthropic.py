@@ -14,6 +14,9 @@ gateway does not name (gateway/litellm_params.py) goes:
 
 Claude Code sends Anthropic's newest fields (context management, betas' fields) as soon as it uses
 them; passed on, they work as they do against Anthropic directly.
+
+Reading what LiteLLM's Messages calls give back is here too: SSE frames (`SseFrames`), the events of
+a message answered whole (`message_events`), an error event's UpstreamError (`event_error`).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Any, Mapping
 
 from gateway.errors import InvalidRequest, UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
 from gateway.litellm_base import litellm
+from gateway.upstream_errors import client_message
 from litellm.llms.anthropic.messages.native.handler import _native_messages_config
 from litellm.llms.base_llm.anthropic_messages.transformation import BaseAnthropicMessagesConfig
 from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler, get_async_httpx_client
@@ -131,7 +135,7 @@ def message_events(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 def event_error(event: dict[str, Any]) -> UpstreamError:
     error = event.get("error") or {}
-    kind, message = error.get("type"), f"upstream: {error.get('message') or 'error event'}"
+    kind, message = error.get("type"), f"upstream: {client_message(str(error.get('message') or '')) or 'error event'}"
     status = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
               "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
               "overloaded_error": 529}.get(str(kind), 502)

@@ -30,6 +30,7 @@ from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wante
 from gateway.litellm_messages import MessageMemo
 from gateway.litellm_params import NAMED, chat_by_name, split_body
 from gateway.threads import off_loop
+from gateway.upstream_errors import client_message
 from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest
 from storage.canonical import compact_json_bytes
 
@@ -266,7 +267,8 @@ class LiteLLMUpstream:
             async for event in stream:
                 data = event if isinstance(event, dict) else event.model_dump(warnings=False)
                 if data.get("type") == "error":
-                    raise upstream_error_for_status(502, f"upstream: {data.get('message') or data}")
+                    said = client_message(str(data.get("message") or ""))
+                    raise upstream_error_for_status(502, f"upstream: {said or 'the provider sent an error event'}")
                 yield _drop_none(data, _KEEP_NULL)
         except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
