@@ -31,6 +31,8 @@ from storage.retention import RetentionClasses, parse_duration
 ENV_PREFIX = "os.environ/"
 PLACEHOLDER = "REPLACE-ME"  # deploy/k8s/secrets.yaml's values: a config holding one is refused
 _SHA256_KEY = re.compile(r"^sha256:[0-9a-f]{64}$")
+# What a wildcard's `*` may stand for in a requested model name (Settings._wildcard).
+_WILDCARD_TEXT = re.compile(r"[A-Za-z0-9._:-]*")
 
 
 class ConfigError(Exception):
@@ -437,10 +439,12 @@ class Settings(_Strict):
 
         As LiteLLM Proxy routes them: `name: "claude-*"` with `litellm_params.model:
         "anthropic/claude-*"` sends `claude-sonnet-4-5` to `anthropic/claude-sonnet-4-5`; each `*`
-        of the LiteLLM model takes the text the name's `*`s matched, in order.
+        of the LiteLLM model takes the text the name's `*`s matched, in order. That text is a plain
+        model name (`_WILDCARD_TEXT`: letters, digits, `.`, `_`, `-`, `:`, no `..`), since LiteLLM puts
+        it into the provider's URL path: a name that needs anything else matches no wildcard.
         """
         match = re.fullmatch("(.*)".join(re.escape(part) for part in entry.name.split("*")), name, re.DOTALL)
-        if match is None:
+        if match is None or not all(_WILDCARD_TEXT.fullmatch(part) and ".." not in part for part in match.groups()):
             return None
         target = str(entry.litellm_params["model"])
         if "*" in target:

@@ -1,19 +1,24 @@
 """LiteLLM, imported once with the offline environment set, and what both transports share.
 
 The price map is read from LiteLLM's own copy and tiktoken's encodings from the
-folder LiteLLM ships (no download, offline); Anthropic-format requests to
+folder LiteLLM ships (no download: LiteLLM's offline mode); Anthropic-format requests to
 OpenAI-wire deployments go over chat completions. `map_error` turns LiteLLM's
 and the openai SDK's exceptions into the gateway's UpstreamError family, for
-calls through `litellm.acompletion` and for the direct transport alike.
+calls through `litellm.acompletion` and for the direct transport alike: the one
+boundary where upstream failures are worded for clients.
 """
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from gateway.encodings import use_bundled_encodings
 
-# Before LiteLLM is imported: no price-map download, tokenizers from its own folder.
+# Before LiteLLM is imported: no price-map download, tokenizers from its own folder, and nothing else
+# fetched on LiteLLM's own account (Anthropic's beta-header table, Hugging Face tokenizers): the only
+# hosts a request reaches are its deployment's.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 use_bundled_encodings()
 
 import litellm  # noqa: E402
@@ -30,6 +35,7 @@ from gateway.errors import (  # noqa: E402
     UpstreamUnavailable,
     upstream_error_for_status,
 )
+from gateway.upstream_errors import client_message, log_upstream_error  # noqa: E402
 
 _TIMEOUT_CAUSES = frozenset({"APITimeoutError", "ReadTimeout", "ConnectTimeout", "WriteTimeout",
                              "PoolTimeout", "ServerTimeoutError", "TimeoutError"})
@@ -48,13 +54,19 @@ def _root_causes(exc: BaseException) -> list[str]:
     return names
 
 
-def map_error(exc: Exception) -> UpstreamError:
-    message = f"upstream: {getattr(exc, 'message', None) or exc}"
+def map_error(exc: Exception, request: Any = None) -> UpstreamError:
+    """The UpstreamError for a failure LiteLLM (or the direct transport) raised: the provider's status,
+    and a short message a client may read (gateway/upstream_errors.py); the whole text goes to the log
+    with `request`'s id (an UpstreamRequest, or None)."""
+    original = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+    log_upstream_error(getattr(request, "request_id", None), type(exc).__name__, original)
+    api_base = str((getattr(request, "litellm_params", None) or {}).get("api_base") or "")
+    said = client_message(str(getattr(exc, "message", None) or exc), hidden=(api_base, api_base.rstrip("/")))
     causes = _root_causes(exc)
     if isinstance(exc, litellm.Timeout) or _TIMEOUT_CAUSES.intersection(causes):
-        return UpstreamTimeout(message)
+        return UpstreamTimeout("upstream: the provider did not answer in time")
     if _CONNECTION_CAUSES.intersection(causes):
-        return UpstreamUnavailable(message)
+        return UpstreamUnavailable("upstream: the provider could not be reached")
     status = getattr(exc, "status_code", None)
     headers: dict[str, str] = {}
     response = getattr(exc, "response", None)
@@ -63,10 +75,9 @@ def map_error(exc: Exception) -> UpstreamError:
     if retry_after:
         headers["retry-after"] = str(retry_after)
     if isinstance(exc, litellm.APIConnectionError) or not isinstance(status, int):
-        return UpstreamUnavailable(message, headers=headers)
+        return UpstreamUnavailable("upstream: the request to the provider failed", headers=headers)
     if status == 500 and getattr(exc, "litellm_response_headers", None) is None:
         # LiteLLM reports a 200 it could not read (truncated JSON, HTML, no choices) as its own 500;
         # a real upstream 500 carries the upstream's headers.
-        detail = message.removeprefix("upstream: ")
-        return UpstreamInvalidResponse(f"upstream: the answer is not a chat completion: {detail}")
-    return upstream_error_for_status(status, message, headers)
+        return UpstreamInvalidResponse("upstream: the answer is not a chat completion" + (f": {said}" if said else ""))
+    return upstream_error_for_status(status, f"upstream: {said or f'the provider answered {status}'}", headers)

@@ -350,7 +350,7 @@ class OpenAIDirectCodec:
     @staticmethod
     def _mapped(error: Exception, call: DirectCall) -> UpstreamError:
         mapped = _litellm_exception(error, str(call.request.litellm_params["model"]))
-        upstream = map_error(_with_context(mapped, error))
+        upstream = map_error(_with_context(mapped, error), call.request)
         upstream.__cause__ = mapped
         return upstream
 
@@ -385,7 +385,7 @@ class OpenAIDirectCodec:
                 message=str(mapped), model=call.model, llm_provider="openai", original_exception=mapped,
                 generated_content=generated, is_pre_first_chunk=not started)
         final.__context__ = handling
-        upstream = map_error(final)
+        upstream = map_error(final, call.request)
         upstream.__cause__ = final
         return upstream
 

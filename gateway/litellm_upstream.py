@@ -1,5 +1,5 @@
-"""`UpstreamClient` over LiteLLM (with gateway/litellm_base.py, gateway/litellm_direct.py and
-gateway/litellm_messages.py, the only modules that import it): one `litellm` call per request.
+"""`UpstreamClient` over LiteLLM (with the other gateway/litellm_*.py modules, the only ones that import
+it): one `litellm` call per request, its arguments under one rule (gateway/litellm_params.py).
 
 LiteLLM is configured per call (no global callback lists, no module flags
 beyond the offline environment set before import), so concurrent requests
@@ -18,53 +18,22 @@ clients get OpenAI's shape either way. GATEWAY_DIRECT_TRANSPORT=0 turns it off.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from gateway import tool_additions
 from gateway.direct_chat import DirectCall, DirectChat
-from gateway.errors import UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
+from gateway.errors import GatewayError, UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
+from gateway.litellm_anthropic import SseFrames, event_error, message_events, place_fields
 from gateway.litellm_base import PRICING_KEYS, litellm, map_error
 from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_http_client, openai_request
 from gateway.litellm_messages import MessageMemo
+from gateway.litellm_params import NAMED, chat_by_name, split_body
 from gateway.threads import off_loop
+from gateway.upstream_errors import client_message
 from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest
 from storage.canonical import compact_json_bytes
 
-# OpenAI chat fields LiteLLM takes as named arguments; any other body field
-# goes to the provider untouched through `extra_body`.
-_NAMED_PARAMS = frozenset(
-    {
-        "messages", "tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p", "n",
-        "stop", "max_tokens", "max_completion_tokens", "presence_penalty", "frequency_penalty",
-        "logit_bias", "user", "response_format", "seed", "logprobs", "top_logprobs",
-        "stream_options", "functions", "function_call", "modalities", "prediction", "audio",
-        "reasoning_effort", "verbosity", "safety_identifier", "service_tier", "store",
-        "prompt_cache_key", "prompt_cache_retention", "web_search_options", "metadata",
-    }
-)
-# Arguments of `litellm.acompletion` that steer the call itself.
-_CALL_OPTIONS = frozenset({"max_retries", "extra_headers", "stream", "timeout", "api_key", "api_base", "base_url"})
-# The Anthropic Messages fields passed to `litellm.anthropic.messages.acreate`. Only these: a
-# body key must never reach LiteLLM as a call option (api_base, api_key, credentials), and
-# LiteLLM's native Anthropic path keeps only Anthropic's documented fields anyway.
-_MESSAGES_PARAMS = frozenset(
-    {
-        "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "tools",
-        "tool_choice", "thinking", "metadata", "context_management", "output_format", "output_config",
-        "service_tier", "container", "mcp_servers", "inference_geo", "speed",
-    }
-)
-# The Responses fields `litellm.aresponses` takes by name; any other body field goes to the
-# provider in `extra_body`, never as a call option.
-_RESPONSES_PARAMS = frozenset(
-    {
-        "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "include",
-        "prompt_cache_key", "prompt_cache_retention", "store", "metadata", "max_output_tokens", "temperature",
-        "top_p", "truncation", "user", "service_tier", "safety_identifier", "max_tool_calls", "top_logprobs",
-    }
-)
 def _deployment_key(params: Mapping[str, Any]) -> str:
     return f"{params.get('api_base') or ''}|{params['model']}"
 
@@ -134,22 +103,6 @@ def _json_bytes(body: Mapping[str, Any]) -> bytes:
     return compact_json_bytes(body)
 
 
-_OPENAI_WIRE = frozenset({"openai", "custom_openai", "text-completion-openai", *litellm.openai_compatible_providers})
-
-
-@functools.lru_cache(maxsize=256)
-def _wire_params(model: str, custom_provider: str | None) -> tuple[frozenset[str], bool]:
-    """The OpenAI params LiteLLM maps for this model, and whether it speaks OpenAI's wire format."""
-    try:
-        _model, provider, _key, _base = litellm.get_llm_provider(model, custom_llm_provider=custom_provider)
-        supported = litellm.get_supported_openai_params(model=_model, custom_llm_provider=provider) or []
-    except Exception:  # an unknown provider: let LiteLLM decide on every param
-        return _NAMED_PARAMS, False
-    # LiteLLM lists some of its own call options among the "params"; a client's
-    # body must never set those (retries, upstream headers), only send them on.
-    return (frozenset(supported) - _CALL_OPTIONS) | {"messages"}, provider in _OPENAI_WIRE
-
-
 def _known_digests(request: UpstreamRequest) -> list[bytes | None] | None:
     """The parse's digests of the body's messages forwarded as the client sent them (`client_digests`;
     a hidden round's messages after them have none); None after a first attempt (LiteLLM's own path
@@ -186,8 +139,9 @@ class LiteLLMUpstream:
         route = direct_route(request.litellm_params)
         if route is None:
             return None
+        kwargs = self._kwargs(request, stream)  # a body field no call takes is refused here, as on LiteLLM's path
         try:
-            built = openai_request(route, self._kwargs(request, stream), stream, self._memo, _known_digests(request))
+            built = openai_request(route, kwargs, stream, self._memo, _known_digests(request))
         except Exception:  # a request LiteLLM refuses: its own path reports it
             return None
         if built is None:
@@ -199,19 +153,15 @@ class LiteLLMUpstream:
                           model=route.model, request=request)
 
     @staticmethod
-    def _call_kwargs(request: UpstreamRequest, by_name: Callable[[str], bool], *, stream: bool | None = None,
-                     unnamed: str = "extra_body") -> dict[str, Any]:
+    def _call_kwargs(request: UpstreamRequest, by_name: Callable[[str], bool], *,
+                     stream: bool | None = None) -> dict[str, Any]:
         """A LiteLLM call's arguments: the deployment's litellm_params, the body's fields LiteLLM takes by
         name (`by_name`), and the other body fields in `extra_body`, sent to the provider as the client sent
-        them (`unnamed="drop"`: left out). A body field never becomes a call option."""
+        them. A body field never becomes a call option (gateway/litellm_params.py)."""
         params = {k: v for k, v in request.litellm_params.items() if k not in PRICING_KEYS}
-        kwargs: dict[str, Any] = {"max_retries": 0, **params}
-        extra_body: dict[str, Any] = dict(kwargs.pop("extra_body", None) or {})
-        for key, value in request.body.items():
-            if by_name(key):
-                kwargs[key] = value
-            elif unnamed == "extra_body":
-                extra_body[key] = value
+        named, in_body = split_body(request.body, by_name)
+        kwargs: dict[str, Any] = {"max_retries": 0, **params, **named}
+        extra_body = {**(kwargs.pop("extra_body", None) or {}), **in_body}
         if extra_body:
             kwargs["extra_body"] = extra_body
         kwargs["timeout"] = request.timeout_seconds
@@ -223,11 +173,8 @@ class LiteLLMUpstream:
 
     def _kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
         params = request.litellm_params
-        supported, openai_wire = _wire_params(str(params["model"]), params.get("custom_llm_provider"))
-        # LiteLLM maps a supported param for the provider (or refuses it); anything else goes as sent.
-        kwargs = self._call_kwargs(
-            request, lambda key: key in supported or (key in _NAMED_PARAMS and not openai_wire),
-            stream=True if stream else None)
+        by_name = chat_by_name(str(params["model"]), params.get("custom_llm_provider"))
+        kwargs = self._call_kwargs(request, by_name, stream=True if stream else None)
         if stream:
             # Usage is always asked for, so the run is recorded; the caller
             # passes the usage chunk on only if the client asked for it.
@@ -256,25 +203,27 @@ class LiteLLMUpstream:
         return _declared(request)
 
     def _messages_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
-        return self._call_kwargs(request, _MESSAGES_PARAMS.__contains__, stream=stream, unnamed="drop")
+        kwargs = self._call_kwargs(request, NAMED["messages"].__contains__, stream=stream)
+        return place_fields(kwargs, request.body)
 
     async def _create_message(self, request: UpstreamRequest, stream: bool) -> Any:
         """`litellm.anthropic.messages.acreate` for the request as this deployment takes it, sent again
         with the tools declared in `tools` if the deployment refuses tools added mid-conversation."""
         request = self._tool_changes_for(request)
+        kwargs = self._messages_kwargs(request, stream=stream)
         try:
-            return await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=stream))
+            return await litellm.anthropic.messages.acreate(**kwargs)
         except Exception as exc:
-            request = self._refused_tool_changes(request, map_error(exc), exc)
+            request = self._refused_tool_changes(request, map_error(exc, request), exc)
         return await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=stream))
 
     async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
         try:
             response = await self._create_message(request, stream=False)
-        except UpstreamError:
+        except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         body = response if isinstance(response, dict) else response.model_dump()
         if not isinstance(body.get("content"), list):
             raise UpstreamInvalidResponse("upstream: the answer is not a message (no content blocks)")
@@ -291,21 +240,22 @@ class LiteLLMUpstream:
             async for chunk in stream:
                 for event in frames.feed(chunk):
                     if event.get("type") == "error":
-                        raise _event_error(event)
+                        raise event_error(event)
                     yield event
-        except UpstreamError:
+        except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
     def _responses_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
-        return self._call_kwargs(request, _RESPONSES_PARAMS.__contains__, stream=stream)
+        return self._call_kwargs(request, NAMED["responses"].__contains__, stream=stream)
 
     async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
+        kwargs = self._responses_kwargs(request, stream=False)
         try:
-            response = await litellm.aresponses(**self._responses_kwargs(request, stream=False))
+            response = await litellm.aresponses(**kwargs)
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         body = response if isinstance(response, dict) else response.model_dump(warnings=False)
         if not isinstance(body.get("output"), list):
             raise UpstreamInvalidResponse("upstream: the answer is not a response (no output items)")
@@ -317,36 +267,37 @@ class LiteLLMUpstream:
             async for event in stream:
                 data = event if isinstance(event, dict) else event.model_dump(warnings=False)
                 if data.get("type") == "error":
-                    raise upstream_error_for_status(502, f"upstream: {data.get('message') or data}")
+                    said = client_message(str(data.get("message") or ""))
+                    raise upstream_error_for_status(502, f"upstream: {said or 'the provider sent an error event'}")
                 yield _drop_none(data, _KEEP_NULL)
-        except UpstreamError:
+        except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
-    def _plain_kwargs(self, request: UpstreamRequest) -> dict[str, Any]:
-        """Embeddings and completions: the body's fields by name, except anything LiteLLM would take as a
-        call option (those go to the provider in `extra_body`)."""
-        params = request.litellm_params
-        return self._call_kwargs(request, lambda key: not (
-            key in _CALL_OPTIONS or key in params or key.startswith(("api_", "aws_", "vertex_", "litellm_"))))
+    def _plain_kwargs(self, request: UpstreamRequest, api: str) -> dict[str, Any]:
+        """Embeddings (`api="embeddings"`) and completions: OpenAI's documented fields by name, the others
+        in `extra_body`."""
+        return self._call_kwargs(request, NAMED[api].__contains__)
 
     async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]:
+        kwargs = self._plain_kwargs(request, "embeddings")
         try:
-            response = await litellm.aembedding(**self._plain_kwargs(request))
+            response = await litellm.aembedding(**kwargs)
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         return _drop_none(response.model_dump(), _KEEP_NULL)
 
     async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]:
+        kwargs = self._plain_kwargs(request, "completions")
         try:
-            response = await litellm.atext_completion(**self._plain_kwargs(request))
+            response = await litellm.atext_completion(**kwargs)
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         return _drop_none(response.model_dump(), _KEEP_NULL)
 
     async def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        kwargs = self._plain_kwargs(request)
+        kwargs = self._plain_kwargs(request, "completions")
         # Usage is always asked for (LiteLLM drops the provider's usage otherwise), so the run is
         # recorded with its tokens and cost; the caller passes the usage chunk on only if the client asked.
         kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
@@ -354,10 +305,10 @@ class LiteLLMUpstream:
             chunks = await litellm.atext_completion(**kwargs, stream=True)
             async for chunk in chunks:
                 yield _drop_none(chunk if isinstance(chunk, dict) else chunk.model_dump(), _KEEP_NULL)
-        except UpstreamError:
+        except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
     async def warm_up(self) -> None:
         """Load what LiteLLM loads on its first call and first stream (offline: a mock answer)."""
@@ -380,10 +331,11 @@ class LiteLLMUpstream:
         call = await self._direct_call_built(request, stream=False)
         if call is not None and self._direct is not None:
             return check_completion(_completion_out(await self._direct.complete(call)))
+        kwargs = self._kwargs(request, stream=False)
         try:
-            response = await litellm.acompletion(**self._kwargs(request, stream=False))
+            response = await litellm.acompletion(**kwargs)
         except Exception as exc:  # LiteLLM raises many types; map them once, here
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
         return check_completion(_completion_out(response.model_dump()))
 
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
@@ -406,10 +358,10 @@ class LiteLLMUpstream:
                 yield out
             if not received:
                 raise UpstreamInvalidResponse("upstream: the stream ended before any completion event")
-        except UpstreamError:
+        except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, request) from exc
 
     def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
         if "input_cost_per_token" in litellm_params:
@@ -433,65 +385,6 @@ class LiteLLMUpstream:
             cached=int(details.get("cached_tokens") or 0),
             cache_write=int(usage.get("cache_creation_input_tokens") or 0),
         )
-
-
-class SseFrames:
-    """Server-sent event frames from the byte chunks LiteLLM yields (frames may span chunks)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, chunk: Any) -> list[dict[str, Any]]:
-        if isinstance(chunk, dict):  # some adapters yield parsed events
-            return [chunk]
-        self._buffer += chunk.encode() if isinstance(chunk, str) else bytes(chunk)
-        events = []
-        while b"\n\n" in self._buffer:
-            frame, self._buffer = self._buffer.split(b"\n\n", 1)
-            data = b"".join(line[5:].strip() for line in frame.split(b"\n") if line.startswith(b"data:"))
-            if not data or data == b"[DONE]":
-                continue
-            try:
-                event = json.loads(data)
-            except ValueError as exc:
-                raise UpstreamInvalidResponse(f"upstream: a stream event is not JSON: {data[:200]!r}") from exc
-            if isinstance(event, dict):
-                events.append(event)
-        return events
-
-
-def message_events(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Anthropic event sequence of a complete message (for an upstream that answered one whole)."""
-    usage = message.get("usage") or {}
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
-    events: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
-    for index, block in enumerate(message.get("content") or []):
-        kind = block.get("type")
-        if kind == "text":
-            opening, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block.get("text", "")}
-        elif kind == "tool_use":
-            opening = {**block, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}
-        else:
-            opening, delta = block, None
-        events.append({"type": "content_block_start", "index": index, "content_block": opening})
-        if delta is not None:
-            events.append({"type": "content_block_delta", "index": index, "delta": delta})
-        events.append({"type": "content_block_stop", "index": index})
-    events.append({"type": "message_delta", "delta": {"stop_reason": message.get("stop_reason"),
-                                                      "stop_sequence": message.get("stop_sequence")},
-                   "usage": {"output_tokens": usage.get("output_tokens", 0)}})
-    events.append({"type": "message_stop"})
-    return events
-
-
-def _event_error(event: dict[str, Any]) -> UpstreamError:
-    error = event.get("error") or {}
-    kind, message = error.get("type"), f"upstream: {error.get('message') or 'error event'}"
-    status = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
-              "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
-              "overloaded_error": 529}.get(str(kind), 502)
-    return upstream_error_for_status(status, message)
 
 
 def check_completion(response: dict[str, Any]) -> dict[str, Any]:

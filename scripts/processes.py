@@ -109,19 +109,21 @@ class Gateway:
     log: Path
     process: subprocess.Popen | None = None
     workers: int = 1
+    env: dict[str, str] | None = None  # the process's environment (default: this one's)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Gateway":
+    def start(self, seconds: float = 60.0) -> "Gateway":
+        """Start the process and wait up to `seconds` until it is ready."""
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [PYTHON, "-m", "gateway.cli", "serve", "--config", str(self.config), "--port", str(self.port),
                  "--workers", str(self.workers)],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        wait_until_up(f"{self.url}/readyz", process=self.process)
+                env={**(os.environ if self.env is None else self.env), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        wait_until_up(f"{self.url}/readyz", seconds, process=self.process)
         return self
 
     def kill(self) -> None:

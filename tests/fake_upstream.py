@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -217,9 +217,11 @@ class ServerThread:
 
 
 class FakeUpstream:
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, wrap: Callable[[Any], Any] | None = None) -> None:
+        """`wrap`: ASGI middleware to serve the fake's app behind (tests/listeners.py records with it)."""
         self.state = FakeState()
-        self._server = ServerThread(build_app(self.state), port)
+        app = build_app(self.state)
+        self._server = ServerThread(app if wrap is None else wrap(app), port)
 
     def __enter__(self) -> "FakeUpstream":
         self._server.start()

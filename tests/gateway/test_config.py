@@ -207,3 +207,27 @@ def test_the_field_check_finds_a_field_that_is_not_there() -> None:
     assert _settings_field_exists(["storage", "encryption_key"]) and _settings_field_exists(["tenants", 0, "budget"])
     assert not _settings_field_exists(["storage", "encryption_keys"])
     assert not _settings_field_exists(["server", "max_body_byte"])
+
+
+@pytest.mark.parametrize("name, model", [
+    ("claude-sonnet-4-5", "anthropic/claude-sonnet-4-5"), ("claude-3.5_x:latest", "anthropic/claude-3.5_x:latest"),
+    ("claude-", "anthropic/claude-"),
+])
+def test_a_wildcard_fills_in_a_plain_name(name: str, model: str) -> None:
+    from gateway.config import parse_settings
+
+    settings = parse_settings({**GOOD, "models": [
+        {"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_key": "k"}}]})
+    assert settings.model(name).litellm_params["model"] == model
+
+
+@pytest.mark.parametrize("name", ["claude-a/b", "claude-../../v1/evil?", "claude-a?b", "claude-a#b", "claude-a%2fb",
+                                  "claude-a b", "claude-..", "claude-x..y", "claude-a\nb", "claude-ä", "claude-a\\b"])
+def test_a_wildcard_matches_no_name_that_is_not_plain(name: str) -> None:
+    """What a `*` stands for goes into the provider's URL path: only letters, digits, `.`, `_`, `-`, `:`."""
+    from gateway.config import parse_settings
+
+    settings = parse_settings({**GOOD, "models": [
+        {"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_key": "k"}},
+        {"name": "*", "litellm_params": {"model": "openai/*", "api_key": "k"}}]})
+    assert settings.model(name) is None and settings.deployments(name) == []

@@ -295,7 +295,7 @@ async def test_connection_refused_maps_the_same(fake: FakeUpstream, stream: bool
         out.append(await outcome(upstream, request(closed, {"messages": USER}), stream))
     assert out[0] == out[1]
     assert out[0]["error"][:3] == ("UpstreamUnavailable", 502, "upstream_unavailable")
-    assert "Connection error" in out[0]["error"][4]
+    assert out[0]["error"][4] == "upstream: the provider could not be reached"
 
 
 # --------------------------------------------------------------------------- which deployments go direct

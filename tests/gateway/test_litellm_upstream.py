@@ -29,6 +29,7 @@ import pytest
 import respx
 
 from gateway.errors import (
+    InvalidRequest,
     UpstreamError,
     UpstreamRateLimited,
     UpstreamTimeout,
@@ -451,7 +452,7 @@ async def test_connection_error_is_not_retried(upstream: LiteLLMUpstream, mock: 
         await _call(upstream, streaming)
     assert route.call_count == 1
     assert isinstance(caught.value.__cause__, litellm.exceptions.InternalServerError)  # not APIConnectionError
-    assert "Connection error" in caught.value.message
+    assert caught.value.message == "upstream: the provider could not be reached"  # LiteLLM's words go to the log
 
 
 @streaming_modes
@@ -501,26 +502,30 @@ async def test_timeout_seconds_is_honoured_on_a_real_socket(upstream: LiteLLMUps
 # sent on in the body, never steer the call (retries, upstream HTTP headers).
 
 
-async def test_client_max_retries_field_does_not_make_the_adapter_retry(
-    upstream: LiteLLMUpstream, mock: respx.MockRouter
+@pytest.mark.parametrize("field, value", [
+    ("max_retries", 2), ("extra_headers", {"Authorization": "Bearer client-key", "x-injected": "1"}),
+    ("api_base", "http://elsewhere.test/v1"), ("custom_llm_provider", "openrouter"), ("mock_response", "made up"),
+])
+async def test_a_client_field_that_is_a_litellm_option_is_refused(
+    upstream: LiteLLMUpstream, mock: respx.MockRouter, field: str, value: Any
 ) -> None:
-    route = mock.post(URL).respond(500, json=ERROR_BODY)
-    with pytest.raises(UpstreamError):
-        await upstream.complete(make_request({"max_retries": 2}))
-    assert route.call_count == 1
-    assert sent_json(route)["max_retries"] == 2  # passed through as the client sent it
+    """Retries, upstream headers, endpoints, providers, mocks are the deployment's: a 400 naming the field,
+    and nothing is sent (gateway/litellm_params.py)."""
+    route = mock.post(URL).respond(200, json=OK_BODY)
+    for call in (upstream.complete, upstream.embeddings, upstream.text_completion):
+        with pytest.raises(InvalidRequest) as caught:
+            await call(make_request({field: value}))
+        assert caught.value.status_code == 400 and caught.value.param == field and field in caught.value.message
+    assert route.call_count == 0
 
 
-async def test_client_extra_headers_field_cannot_set_upstream_headers(
+async def test_a_client_field_litellm_does_not_name_goes_in_the_body(
     upstream: LiteLLMUpstream, mock: respx.MockRouter
 ) -> None:
     route = mock.post(URL).respond(200, json=OK_BODY)
-    field = {"Authorization": "Bearer client-key", "x-injected": "1"}
-    await upstream.complete(make_request({"extra_headers": field}))
-    request = route.calls.last.request
-    assert request.headers["authorization"] == f"Bearer {API_KEY}"
-    assert "x-injected" not in request.headers
-    assert sent_json(route)["extra_headers"] == field  # a body field like any other
+    await upstream.complete(make_request({"vendor_knob": {"x": 1}}))
+    assert route.calls.last.request.headers["authorization"] == f"Bearer {API_KEY}"
+    assert sent_json(route)["vendor_knob"] == {"x": 1}
 
 
 # --------------------------------------------------------------------------- cost_usd
