@@ -8,9 +8,10 @@ projection, assembly record), the base of the assembly record (`RecentAssemblies
 `finish_run` and `RecentAssemblies.remember`, as the run recorder does after the answer. Prints the
 median milliseconds per request of the capture's write (`_write_capture`), its read
 (`_read_after_capture`) and `finish_run`, per transcript. A fresh SQLite file in a temporary folder,
-or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME`).
+or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME`). --encrypt sets a random
+`storage.encryption_key`, so every conversation column a request writes is sealed (storage/encryption.py).
 
-.venv/bin/python bench/capture_path.py [--messages 100 1000] [--requests 200] [--policy coding-agent]
+.venv/bin/python bench/capture_path.py [--messages 100 1000] [--requests 200] [--policy coding-agent] [--encrypt]
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from bench_transcripts import TOOLS, Transcript, synthetic_session  # noqa: E402
 from storage.blobs import DirectoryBlobStore  # noqa: E402
 from storage.canonical import NodeIds  # noqa: E402
 from storage.database import make_engine  # noqa: E402
+from storage.encryption import NO_ENCRYPTION, EncryptionKeys  # noqa: E402
 from storage.record_types import RunOutcome, RunStart  # noqa: E402
 from storage.records import RecordStore  # noqa: E402
 
@@ -105,17 +107,20 @@ def main() -> None:
     parser.add_argument("--policy", default="coding-agent")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--url")
+    parser.add_argument("--encrypt", action="store_true", help="seal what is stored under a random key")
     args = parser.parse_args()
     print(f"command: {' '.join(sys.argv)}")
     print(f"backend: {'postgresql' if args.url else 'sqlite'}; policy {args.policy}; "
-          f"{args.requests} requests per transcript, the first {args.warmup} left out")
+          f"{args.requests} requests per transcript, the first {args.warmup} left out; "
+          f"{'sealed under a random key' if args.encrypt else 'no encryption key'}")
     print("median ms per request, wall (CPU of the calling thread: the SQLite commit's fsync is wall only)")
     print(f"{'transcript':>15} {'write':>15} {'read':>15} {'finish':>15} {'sum':>15}")
     for size in args.messages:
         transcript = Transcript(f"synthetic-{size}", synthetic_session(size, args.seed), TOOLS, False)
         with tempfile.TemporaryDirectory() as folder:
             store = RecordStore(make_engine(args.url or f"sqlite:///{folder}/bench.db"),
-                                DirectoryBlobStore(Path(folder) / "blobs"))
+                                DirectoryBlobStore(Path(folder) / "blobs"),
+                                encryption=EncryptionKeys(os.urandom(32)) if args.encrypt else NO_ENCRYPTION)
             store.create_schema()
             times = replay(store, transcript, args.requests + args.warmup, args.policy, f"bench-{size}")
             store.engine.dispose()

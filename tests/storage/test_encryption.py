@@ -148,7 +148,11 @@ def test_content_stored_before_the_key_still_reads_and_rotation_seals_it(stores,
     other_ids, _ = capture(sealed, "before", tenant="globex")
     assert read(sealed, other_ids[1]) == read(sealed, old_ids[1]) == shared_large.encode()
     report = sealed.rotate_keys(batch=1)
-    assert report.unreadable == [] and report.resealed["tool_artifacts"] == 1  # the clear inline one
+    assert report.unreadable == []
+    # The clear rows: both artifacts (the inline one's content, and each one's arguments), the four
+    # messages and the two calls; the runs ended nowhere, so they hold nothing to seal.
+    tables = ("tool_artifacts", "message_nodes", "tool_calls", "model_runs")
+    assert {table: report.resealed[table] for table in tables} == dict(zip(tables, (2, 4, 2, 0)))
     assert not any(MARKER in value for value in stored_values(sealed))
     assert not any(MARKER in blob for blob in files_under(tmp_path / "blobs"))
     assert [read(sealed, i) for i in old_ids + new_ids] == [v.encode() for v in old + new]
@@ -161,9 +165,13 @@ def test_rotation_lets_the_old_key_go(stores, tmp_path: Path) -> None:
     more_ids, more = capture(rotated, "two")
     report = rotated.rotate_keys(batch=1)
     assert report.unreadable == []
-    assert report.resealed["tool_artifacts"] == 1 and report.resealed["blobs"] == 1
-    assert rotated.rotate_keys().resealed == {"tool_artifacts": 0, "forwarded_messages": 0,
-                                              "context_assemblies": 0, "blobs": 0}  # nothing left
+    # Key A's rows: two artifacts (the inline one's content, and each one's arguments), the four
+    # messages it captured first and their two calls; one blob file.
+    assert report.resealed["tool_artifacts"] == 2 and report.resealed["blobs"] == 1
+    assert report.resealed["message_nodes"] == 4 and report.resealed["tool_calls"] == 2
+    assert rotated.rotate_keys().resealed == {"tool_artifacts": 0, "forwarded_messages": 0, "context_assemblies": 0,
+                                              "message_nodes": 0, "tool_calls": 0, "model_runs": 0,
+                                              "blobs": 0}  # nothing left
     only_new = stores(KEY_B)
     assert [read(only_new, i) for i in ids + more_ids] == [v.encode() for v in values + more]
     assert {sealed_key_id(b) for b in files_under(tmp_path / "blobs")} == {key_id(KEY_B)}
@@ -201,7 +209,11 @@ def test_a_missing_key_is_named_not_mistaken_for_corruption(stores) -> None:
             read(wrong, artifact_id)
         assert missing.value.key_id == key_id(KEY_A)
     report = wrong.rotate_keys()
-    assert len(report.unreadable) == 2 and all(key_id(KEY_A) in line for line in report.unreadable)
+    # Two artifacts (one inline, one the blob file's), four messages and two calls: each named, with the key.
+    assert sorted(line.split()[0] for line in report.unreadable) == [
+        "blob", "message_nodes", "message_nodes", "message_nodes", "message_nodes", "tool_artifacts", "tool_artifacts",
+        "tool_calls", "tool_calls"]
+    assert all(key_id(KEY_A) in line for line in report.unreadable)
 
 
 def test_rotation_while_captures_run_breaks_no_record(stores) -> None:
