@@ -53,7 +53,7 @@ class _Payload:
     name: str
     aad: Callable[[Any], bytes]
     kind: str = "bytes"  # bytes | text (base64, storage/encryption.py) | artifact (bytes hashing to the row's sha256)
-    # Text the version before revision 0012 stored in the clear beside a key id (an artifact's arguments,
+    # Text the versions before revision 0013 stored in the clear beside a key id (an artifact's arguments,
     # whose content it sealed): found by its first characters as well as by its row's key id.
     clear_beside_key: bool = False
 

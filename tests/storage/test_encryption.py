@@ -322,7 +322,7 @@ def test_text_that_only_looks_sealed_and_arguments_left_in_the_clear_read_and_ge
     later = message_path("acme", [*messages, {"role": "user", "content": "again"}, *messages[1:]])
     sealed.ingest(later, run())
     artifact_ids = [artifact_id_for(path[2].id), artifact_id_for(later[-1].id)]
-    with sealed.engine.begin() as connection:  # as versions before 0012 stored an artifact's arguments
+    with sealed.engine.begin() as connection:  # as versions before 0013 stored an artifact's arguments
         connection.execute(update(ToolArtifact).where(ToolArtifact.id == artifact_ids[1]).values(arguments="{}"))
     assert [sealed.get_artifact(i, "acme").arguments for i in artifact_ids] == [looks_sealed, "{}"]
     arguments_id = f"args_{tool_call_pk(path[1].id, 'c1')}"

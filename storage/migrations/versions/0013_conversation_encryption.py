@@ -1,7 +1,7 @@
 """key ids of the conversation columns encryption at rest seals
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-01 10:00:00
 
 With `storage.encryption_key` set, a message node's JSON, a tool call's arguments and a run's answer
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
