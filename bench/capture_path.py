@@ -7,10 +7,13 @@ on one thread: the wire format's parse, `gateway.pipeline._capture_and_project` 
 projection, assembly record), the base of the assembly record (`RecentAssemblies.based`),
 `finish_run` and `RecentAssemblies.remember`, as the run recorder does after the answer. Prints the
 median milliseconds per request of the capture's write (`_write_capture`), its read
-(`_read_after_capture`) and `finish_run`, per transcript. A fresh SQLite file in a temporary folder,
-or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME`).
+(`_read_after_capture`) and `finish_run`, per transcript; with --encrypt also how many values a
+request sealed and the CPU those seals took (inside the figures above), which the machine's noise
+between two runs hides. A fresh SQLite file in a temporary folder,
+or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME`). --encrypt sets a random
+`storage.encryption_key`, so every conversation column a request writes is sealed (storage/encryption.py).
 
-.venv/bin/python bench/capture_path.py [--messages 100 1000] [--requests 200] [--policy coding-agent]
+.venv/bin/python bench/capture_path.py [--messages 100 1000] [--requests 200] [--policy coding-agent] [--encrypt]
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from bench_transcripts import TOOLS, Transcript, synthetic_session  # noqa: E402
 from storage.blobs import DirectoryBlobStore  # noqa: E402
 from storage.canonical import NodeIds  # noqa: E402
 from storage.database import make_engine  # noqa: E402
+from storage.encryption import NO_ENCRYPTION, EncryptionKeys  # noqa: E402
 from storage.record_types import RunOutcome, RunStart  # noqa: E402
 from storage.records import RecordStore  # noqa: E402
 
@@ -72,9 +76,33 @@ def timed(into: list[tuple[float, float]], work: Callable[..., Any]) -> Callable
     return wrapper
 
 
+class Sealing:
+    """The values an EncryptionKeys sealed (`seal`, `seal_text`; one count for a seal inside another) and
+    the CPU seconds it took."""
+
+    def __init__(self, keys: EncryptionKeys) -> None:
+        self.values, self.cpu, self._inside = 0, 0.0, False
+        for name in ("seal", "seal_text"):
+            setattr(keys, name, self._metered(getattr(keys, name)))
+
+    def _metered(self, work: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(plaintext: Any, aad: bytes) -> Any:
+            if self._inside or plaintext is None:
+                return work(plaintext, aad)
+            self._inside, started = True, time.thread_time()
+            try:
+                return work(plaintext, aad)
+            finally:
+                self._inside = False
+                self.values += 1
+                self.cpu += time.thread_time() - started
+        return wrapper
+
+
 def replay(store: RecordStore, transcript: Transcript, requests: int, policy_name: str,
-           tenant: str) -> dict[str, list[tuple[float, float]]]:
+           tenant: str, sealing: Sealing | None = None) -> dict[str, list[tuple[float, float]]]:
     times: dict[str, list[tuple[float, float]]] = {"write": [], "read": [], "finish": []}
+    sealed: list[tuple[float, float]] = []  # per request: (values sealed, CPU ms sealing)
     store._write_capture = timed(times["write"], store._write_capture)  # type: ignore[method-assign]
     store._read_after_capture = timed(times["read"], store._read_after_capture)  # type: ignore[method-assign]
     services = SimpleNamespace(node_ids=NodeIds(), tracing=OFF, clock=time.time)
@@ -82,6 +110,7 @@ def replay(store: RecordStore, transcript: Transcript, requests: int, policy_nam
     policy = preset(policy_name)
     wire = OpenAIChat()
     for number in range(requests):
+        before = (sealing.values, sealing.cpu) if sealing else (0, 0.0)
         neutral = wire.parse(transcript.body(number // 2 if number % 2 else None))
         run = RunStart(request_id=f"req_{uuid.uuid4().hex}", tenant=tenant, participant="bench", model="fake",
                        upstream_model="openai/fake", stream=False, redact=policy.redaction.on_capture)
@@ -94,6 +123,10 @@ def replay(store: RecordStore, transcript: Transcript, requests: int, policy_nam
                              tokens_forwarded=projection.tokens_forwarded, finish_reason="stop", response=ANSWER)
         timed(times["finish"], store.finish_run)(run.request_id, outcome, assembly)
         recent.remember(run.request_id, assembly)
+        if sealing:
+            sealed.append((sealing.values - before[0], (sealing.cpu - before[1]) * 1000))
+    if sealing:
+        times["sealed"] = sealed
     return times
 
 
@@ -105,25 +138,34 @@ def main() -> None:
     parser.add_argument("--policy", default="coding-agent")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--url")
+    parser.add_argument("--encrypt", action="store_true", help="seal what is stored under a random key")
     args = parser.parse_args()
     print(f"command: {' '.join(sys.argv)}")
     print(f"backend: {'postgresql' if args.url else 'sqlite'}; policy {args.policy}; "
-          f"{args.requests} requests per transcript, the first {args.warmup} left out")
+          f"{args.requests} requests per transcript, the first {args.warmup} left out; "
+          f"{'sealed under a random key' if args.encrypt else 'no encryption key'}")
     print("median ms per request, wall (CPU of the calling thread: the SQLite commit's fsync is wall only)")
-    print(f"{'transcript':>15} {'write':>15} {'read':>15} {'finish':>15} {'sum':>15}")
+    print(f"{'transcript':>15} {'write':>15} {'read':>15} {'finish':>15} {'sum':>15}"
+          + (f" {'sealed values, CPU ms: median (mean)':>38}" if args.encrypt else ""))
     for size in args.messages:
         transcript = Transcript(f"synthetic-{size}", synthetic_session(size, args.seed), TOOLS, False)
         with tempfile.TemporaryDirectory() as folder:
+            keys = EncryptionKeys(os.urandom(32)) if args.encrypt else NO_ENCRYPTION
             store = RecordStore(make_engine(args.url or f"sqlite:///{folder}/bench.db"),
-                                DirectoryBlobStore(Path(folder) / "blobs"))
+                                DirectoryBlobStore(Path(folder) / "blobs"), encryption=keys)
             store.create_schema()
-            times = replay(store, transcript, args.requests + args.warmup, args.policy, f"bench-{size}")
+            times = replay(store, transcript, args.requests + args.warmup, args.policy, f"bench-{size}",
+                           Sealing(keys) if args.encrypt else None)
             store.engine.dispose()
+        sealed = times.pop("sealed", [])[args.warmup:]
         kept = {name: values[args.warmup:] for name, values in times.items()}
         cells = [(statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for v in kept.values()]
         cells.append((statistics.median(sum(t[i][0] for t in kept.values()) for i in range(args.requests)),
                       statistics.median(sum(t[i][1] for t in kept.values()) for i in range(args.requests))))
-        print(f"{transcript.name:>15} " + " ".join(f"{f'{w:.2f} ({c:.2f})':>15}" for w, c in cells))
+        seals = (f" {statistics.median(n for n, _ in sealed):>15.0f} ({statistics.mean(n for n, _ in sealed):.1f}),"
+                 f" {statistics.median(c for _, c in sealed):.3f} ({statistics.mean(c for _, c in sealed):.3f})"
+                 if sealed else "")
+        print(f"{transcript.name:>15} " + " ".join(f"{f'{w:.2f} ({c:.2f})':>15}" for w, c in cells) + seals)
 
 
 if __name__ == "__main__":

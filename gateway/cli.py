@@ -283,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--key", default="sk-acme-1", help="a tenant key (default: config.example.yaml's)")
     demo.add_argument("--model", default="demo", help="the model to ask (default: the offline demo model)")
     demo.set_defaults(run=_demo)
-    keys = sub.add_parser("keys", help="encryption keys of the stored artifacts").add_subparsers(dest="keys_command",
-                                                                                              required=True)
+    keys_command = sub.add_parser("keys", help="encryption keys of the stored conversations")
+    keys = keys_command.add_subparsers(dest="keys_command", required=True)
     rotate = keys.add_parser("rotate", help="re-seal everything stored under storage.encryption_key (safe while serving)")
     rotate.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
     rotate.add_argument("--batch", type=_positive, default=200, help="rows re-sealed per transaction (default 200)")

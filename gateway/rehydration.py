@@ -20,7 +20,7 @@ from policies.policy import Policy
 from policies.tokens import count_text
 from policies.visibility import access
 from storage.blobs import BlobCorrupted
-from storage.encryption import UnknownKey
+from storage.encryption import EnvelopeError, UnknownKey
 from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
@@ -77,8 +77,11 @@ class Rehydrator:
         return name == self.name
 
     def _refuse(self, artifact_id: str | None, reason: str, text: str) -> str:
+        # The record keeps the id only when it is one: what else the model wrote there is its own text,
+        # and assembly records, stored in the clear, hold no conversation content.
+        named = artifact_id if artifact_id is not None and _ARTIFACT_ID.match(artifact_id) else None
         self.rehydrations.append({"index": None, "role": "tool", "action": "rehydration_refused", "reason": reason,
-                                  "artifact_id": artifact_id, "round": self.rounds})
+                                  "artifact_id": named, "round": self.rounds})
         return f"[{self.name} refused: {text}]"
 
     def answer(self, call: Mapping[str, Any]) -> str:
@@ -98,33 +101,16 @@ class Rehydrator:
         if artifact_id not in self._lineage:
             # Another branch's artifact exists for this tenant but is not this conversation's;
             # another tenant's (or a made-up id) is indistinguishable from one that does not exist.
-            exists = _ARTIFACT_ID.match(artifact_id) is not None and (
-                self.store.get_artifact(artifact_id, self.tenant) is not None
-                or self.store.get_call_arguments(artifact_id, self.tenant) is not None)
-            if exists:
+            if self._exists(artifact_id):
                 return self._refuse(artifact_id, "other_branch", f"artifact:{artifact_id} belongs to another branch")
             return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
         view = self._views.get(artifact_id)
-        if view is not None:
-            refusal = self._policy_refusal(view)
-            if refusal:
-                return refusal
-            record = self.store.get_artifact(artifact_id, self.tenant)
-            if record is None:
-                return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
-            try:
-                raw = self.store.artifact_bytes(record)
-            except (ArtifactCorrupted, BlobCorrupted, FileNotFoundError):
-                return self._refuse(artifact_id, "artifact_corrupted",
-                                    f"artifact:{artifact_id} failed its integrity check and cannot be given")
-            except UnknownKey:
-                return self._refuse(artifact_id, "encryption_key_unavailable",
-                                    f"artifact:{artifact_id} cannot be read by the gateway now")
-        else:
-            found = self.store.get_call_arguments(artifact_id, self.tenant)
-            if found is None:
-                return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
-            raw = found[0].encode("utf-8", "surrogatepass")
+        refusal = self._policy_refusal(view) if view is not None else None
+        if refusal:
+            return refusal
+        raw = self._read(artifact_id, is_call=view is None)
+        if isinstance(raw, str):
+            return raw  # refused
         # Redacted as its memory was: a secret kept from the model there is not handed over here.
         # Line breaks survive redaction, so a range names the lines the memory numbered.
         raw, redacted = self.policy.redaction.redactor.redact_bytes(raw)
@@ -132,6 +118,35 @@ class Rehydrator:
         if redacted and self.rehydrations[-1]["action"] == "rehydrated":
             self.rehydrations[-1]["redacted"] = dict(redacted)
         return answer
+
+    def _exists(self, artifact_id: str) -> bool:
+        """Whether the tenant holds this artifact or call's arguments, readable now or not."""
+        if _ARTIFACT_ID.match(artifact_id) is None:
+            return False
+        try:
+            return (self.store.get_artifact(artifact_id, self.tenant) is not None
+                    or self.store.get_call_arguments(artifact_id, self.tenant) is not None)
+        except EnvelopeError:  # found, sealed under a key this gateway lacks (or changed)
+            return True
+
+    def _read(self, artifact_id: str, is_call: bool) -> bytes | str:
+        """The raw bytes of an artifact (a call's arguments when `is_call`), or the refusal's text."""
+        try:
+            if is_call:
+                found = self.store.get_call_arguments(artifact_id, self.tenant)
+                raw = found[0].encode("utf-8", "surrogatepass") if found is not None else None
+            else:
+                record = self.store.get_artifact(artifact_id, self.tenant)
+                raw = self.store.artifact_bytes(record) if record is not None else None
+        except UnknownKey:
+            return self._refuse(artifact_id, "encryption_key_unavailable",
+                                f"artifact:{artifact_id} cannot be read by the gateway now")
+        except (ArtifactCorrupted, BlobCorrupted, FileNotFoundError, EnvelopeError):
+            return self._refuse(artifact_id, "artifact_corrupted",
+                                f"artifact:{artifact_id} failed its integrity check and cannot be given")
+        if raw is None:
+            return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
+        return raw
 
     def _lines(self, artifact_id: str, raw: bytes, first: int, last: int | None) -> str:
         """Lines `first`..`last` of the artifact, numbered as its memory numbers them, within bounds."""

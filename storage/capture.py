@@ -32,7 +32,15 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.canonical import fast_canonical_json
-from storage.encryption import artifact_aad, forwarded_aad
+from storage.encryption import (
+    artifact_aad,
+    artifact_arguments_aad,
+    call_arguments_aad,
+    forwarded_aad,
+    node_aad,
+    run_error_aad,
+    run_response_aad,
+)
 from storage.record_types import (
     AssemblyRecord,
     IngestResult,
@@ -157,7 +165,7 @@ _FINISH_RUN = (
             "status", "latency_ms", "http_status", "error_type", "error_message", "prompt_tokens",
             "completion_tokens", "cached_tokens", "total_tokens", "cost_usd", "cost_original_usd",
             "tokens_original", "tokens_forwarded", "cache_write_tokens", "finish_reason", "response_json",
-            "finished_at")},
+            "key_id", "finished_at")},
         **{name: func.coalesce(bindparam(name, type_=_RUNS.c[name].type), _RUNS.c[name]) for name in _KEPT_UNLESS_GIVEN},
     })
     .returning(_RUNS.c.tenant, _RUNS.c.conversation_id)
@@ -312,6 +320,7 @@ class Capture(StoreBase):
             api_key_id=run.api_key_id,
             instance_id=self.instance_id,
             status="pending",
+            key_id=self.encryption.current_id,
             started_at=run.started_at,
         )
 
@@ -440,7 +449,8 @@ class Capture(StoreBase):
             "session_id": session_id,
             "depth": node.position,
             "role": role,
-            "message_json": fast_canonical_json(message),
+            "message_json": self.encryption.seal_text(fast_canonical_json(message), node_aad(node.id)),
+            "key_id": self.encryption.current_id,
             "artifact_id": artifact_id,
             "first_request_id": run.request_id,
             "created_at": now,
@@ -478,14 +488,14 @@ class Capture(StoreBase):
             "tool_call_id": call_id,
             "tool_call_pk": tool_call_pk(call_node_id, call_id) if call_node_id else None,
             "tool_name": function.get("name"),
-            "arguments": function.get("arguments"),
+            "arguments": self.encryption.seal_text(function.get("arguments"), artifact_arguments_aad(artifact_id)),
             "status": message_status(dict(node.message), text_content),
             "sha256": digest,
             "size_bytes": len(raw),
             "tokens": count_text(text_content),
             "content_type": content_type,
             "content": None if large else raw,
-            "key_id": None,
+            "key_id": self.encryption.current_id,
             "blob_key": digest if large else None,  # blobs are named by their sha256
             "owner_participant": author or run.participant,
             "privacy_class": None,
@@ -496,7 +506,7 @@ class Capture(StoreBase):
             "redacted_json": json.dumps(dict(redacted), sort_keys=True) if redacted else None,
         }
         if not large and self.encryption.enabled:  # a blob is sealed as it is written (_write_blobs)
-            row["content"], row["key_id"] = self.encryption.seal(raw, artifact_aad(digest)), self.encryption.current_id
+            row["content"] = self.encryption.seal(raw, artifact_aad(digest))
         return row, raw
 
     def _call_rows(
@@ -513,14 +523,17 @@ class Capture(StoreBase):
         for call in tool_calls:
             function = call.get("function") or {}
             call_id = str(call.get("id") or "")
+            pk = tool_call_pk(node.id, call_id)
+            arguments = str(function.get("arguments") or "")
             rows.append(
                 {
-                    "id": tool_call_pk(node.id, call_id),
+                    "id": pk,
                     "tenant": tenant,
                     "node_id": node.id,
                     "call_id": call_id,
                     "name": str(function.get("name") or ""),
-                    "arguments": str(function.get("arguments") or ""),
+                    "arguments": self.encryption.seal_text(arguments, call_arguments_aad(pk)),
+                    "key_id": self.encryption.current_id,
                     "run_id": run_id,
                     "created_at": now,
                 }
@@ -572,13 +585,15 @@ class Capture(StoreBase):
         self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
     ) -> None:
         """Record how a run ended. Once only; but a real outcome replaces `interrupted` (a guess)."""
+        seal = self.encryption.seal_text
+        response = fast_canonical_json(outcome.response) if outcome.response else None
         values: dict[str, Any] = {
             "request_id": request_id,
             "status": outcome.status,
             "latency_ms": outcome.latency_ms,
             "http_status": outcome.http_status,
             "error_type": outcome.error_type,
-            "error_message": outcome.error_message,
+            "error_message": seal(outcome.error_message, run_error_aad(request_id)),
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
             "cached_tokens": outcome.cached_tokens,
@@ -589,7 +604,8 @@ class Capture(StoreBase):
             "tokens_forwarded": outcome.tokens_forwarded,
             "cache_write_tokens": outcome.cache_write_tokens,
             "finish_reason": outcome.finish_reason,
-            "response_json": fast_canonical_json(outcome.response) if outcome.response else None,
+            "response_json": seal(response, run_response_aad(request_id)),
+            "key_id": self.encryption.current_id,
             "finished_at": self._now(),
             "deployment": outcome.deployment,
             "upstream_model": outcome.upstream_model,

@@ -1,17 +1,23 @@
-"""Encryption at rest: AES-256-GCM envelopes for what captured tool results leave on disk.
+"""Encryption at rest: AES-256-GCM envelopes for the conversation content the store keeps.
 
 An envelope is `GWE1` + key id (8 bytes) + nonce (12) + ciphertext and tag. The key id is the
 first 8 bytes of the key's sha256, so a reader finds the key an envelope needs among the current
 one and the older ones still accepted (rotation); bytes without the magic were stored before
 encryption was turned on and are read as they are. The associated data binds an envelope to what
-it holds (an artifact's plaintext sha256, a forwarded message's digest): an envelope moved to
-another row or blob fails to open.
+it holds (an artifact's plaintext sha256, a forwarded message's digest, a node's or run's id, and
+which of its columns): an envelope moved to another row, column or blob fails to open.
+
+Text columns (a message node's JSON, a tool call's arguments, a run's answer and error) hold an
+envelope in base64, which begins with `TEXT_MAGIC`. Such text is read as an envelope only in a row
+whose `key_id` is set: a row written without a key holds its text as it came, whatever it begins with.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
-from typing import Iterable
+from typing import Callable, Iterable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -22,6 +28,7 @@ _ID_BYTES = 8
 _NONCE_BYTES = 12
 _HEADER = len(MAGIC) + _ID_BYTES + _NONCE_BYTES
 OVERHEAD = _HEADER + 16  # the header and GCM's tag
+TEXT_MAGIC = base64.b64encode(MAGIC + bytes(2)).decode("ascii")[:5]  # "R1dFM": how an envelope's base64 begins
 
 
 class EnvelopeError(Exception):
@@ -68,6 +75,18 @@ def projection_aad(request_id: str) -> bytes:
     return b"projection:" + request_id.encode("utf-8")
 
 
+def _bound_to(kind: bytes) -> Callable[[str], bytes]:
+    """The associated data of one sealed column: its kind, then its row's id."""
+    return lambda row_id: kind + b":" + row_id.encode("utf-8")
+
+
+node_aad = _bound_to(b"node")  # a message node's JSON, by node id
+call_arguments_aad = _bound_to(b"call-arguments")  # a tool call's arguments, by its id
+artifact_arguments_aad = _bound_to(b"artifact-arguments")  # the call's arguments an artifact repeats, by artifact id
+run_response_aad = _bound_to(b"run-response")  # a run's answer, by request id
+run_error_aad = _bound_to(b"run-error")  # a run's error message, by request id
+
+
 class EncryptionKeys:
     """The key new writes are sealed with (None: stored in the clear) and every key reads accept."""
 
@@ -97,6 +116,26 @@ class EncryptionKeys:
         if self._current is None:
             return plaintext, None
         return self.seal(plaintext, aad), self.current_id
+
+    def seal_text(self, text: str | None, aad: bytes) -> str | None:
+        """What a text column stores of `text`: its envelope in base64 under the current key, or `text`
+        as it is without one (None stays None)."""
+        if text is None or self._current is None:
+            return text
+        return binascii.b2a_base64(self.seal(text.encode("utf-8", "surrogatepass"), aad), newline=False).decode("ascii")
+
+    def open_text(self, stored: str | None, aad: bytes, row_key_id: str | None) -> str | None:
+        """The text a column held before `seal_text`; `row_key_id` is the row's `key_id` (None: the row
+        was written in the clear, and its text is read as it is)."""
+        if stored is None or row_key_id is None or not stored.startswith(TEXT_MAGIC):
+            return stored
+        try:
+            data = binascii.a2b_base64(stored, strict_mode=True)
+        except binascii.Error as exc:
+            raise Tampered("a sealed text column is not base64") from exc
+        if not is_sealed(data):
+            raise Tampered("a sealed text column holds no envelope")
+        return self.open(data, aad).decode("utf-8", "surrogatepass")
 
     def open(self, data: bytes, aad: bytes) -> bytes:
         """The plaintext of an envelope; bytes stored in the clear come back as they are."""

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from storage.encryption import Tampered, forwarded_aad, projection_aad
+from storage.encryption import Tampered, call_arguments_aad, forwarded_aad, node_aad, projection_aad
 from storage.ledger import ROW_KEYS, ledger_rows, merged, run_sums, session_key_column
 from storage.record_types import (
     ArtifactCorrupted,
@@ -35,7 +35,7 @@ class Reads(StoreBase):
             if tenant is not None:
                 query = query.where(ToolArtifact.tenant == tenant)
             row = session.scalar(query)
-            return artifact_from_row(row) if row else None
+            return artifact_from_row(row, self.encryption) if row else None
 
     def get_call_arguments(self, artifact_id: str, tenant: str | None) -> tuple[str, dict[str, Any]] | None:
         """The raw arguments of a tool call served as an `args_...` artifact, and its metadata."""
@@ -48,13 +48,17 @@ class Reads(StoreBase):
             row = session.scalar(query)
             if row is None:
                 return None
+            arguments = self._call_arguments(row)
+            raw = arguments.encode("utf-8", "surrogatepass")
             meta = {
                 "id": artifact_id, "object": "tool_call_arguments", "tenant": row.tenant,
                 "node_id": row.node_id, "tool_call_id": row.call_id, "tool_name": row.name,
-                "run_id": row.run_id, "sha256": hashlib.sha256(row.arguments.encode("utf-8", "surrogatepass")).hexdigest(),
-                "bytes": len(row.arguments.encode("utf-8", "surrogatepass")),
+                "run_id": row.run_id, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw),
             }
-            return row.arguments, meta
+            return arguments, meta
+
+    def _call_arguments(self, row: ToolCall) -> str:
+        return self.encryption.open_text(row.arguments, call_arguments_aad(row.id), row.key_id) or ""
 
     def artifact_bytes(self, record: ArtifactRecord) -> bytes:
         """The raw bytes, checked against the recorded sha256 (after opening them, if sealed).
@@ -126,8 +130,8 @@ class Reads(StoreBase):
             path = self._path_roles(session, row.leaf_node_id)
             chain = self._assembly_chain(session, assembly) if assembly else []
             return RunRecord(
-                run=run_as_dict(row),
-                captured_artifacts=tuple(artifact_from_row(a) for a in captured),
+                run=run_as_dict(row, self.encryption),
+                captured_artifacts=tuple(artifact_from_row(a, self.encryption) for a in captured),
                 path_artifact_ids=tuple(artifact for _, artifact in path if artifact is not None),
                 assembly=assembly_from_row(assembly, [role for role, _ in path], chain) if assembly else None,
             )
@@ -202,7 +206,7 @@ class Reads(StoreBase):
                 func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id) == session_key
             )
         with Session(self.engine) as session:
-            return [run_as_dict(row) for row in session.scalars(query)]
+            return [run_as_dict(row, self.encryption) for row in session.scalars(query)]
 
     def path_messages(self, leaf_id: str) -> list[dict[str, Any]]:
         """The transcript a request carried, rebuilt from its nodes and artifacts."""
@@ -225,9 +229,9 @@ class Reads(StoreBase):
             messages = []
             for node_id in ids:
                 node = nodes[node_id]
-                message = json.loads(node.message_json)
+                message = json.loads(self.encryption.open_text(node.message_json, node_aad(node.id), node.key_id))
                 if node.artifact_id and node.artifact_id in artifacts:
-                    record = artifact_from_row(artifacts[node.artifact_id])
+                    record = artifact_from_row(artifacts[node.artifact_id], self.encryption)
                     raw = self.artifact_bytes(record)
                     message["content"] = raw.decode("utf-8", "replace") if record.content_type.startswith("text/") \
                         else json.loads(raw)
@@ -250,6 +254,6 @@ class Reads(StoreBase):
                     "node_id": row.node_id,
                     "call_id": row.call_id,
                     "name": row.name,
-                    "arguments": row.arguments,
+                    "arguments": self._call_arguments(row),
                     "run_id": row.run_id,
                 }

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Mapping
 from policies.assembly_types import Decision
 from policies.result_facts import BoundedCache
 from storage.canonical import fast_canonical_json
+from storage.encryption import EncryptionKeys, artifact_arguments_aad, run_error_aad, run_response_aad
 from storage.schema import ContextAssembly, ModelRun, ToolArtifact
 
 
@@ -226,7 +227,8 @@ class ArtifactCorrupted(Exception):
     """Stored artifact bytes no longer match their recorded sha256."""
 
 
-def artifact_from_row(row: ToolArtifact) -> ArtifactRecord:
+def artifact_from_row(row: ToolArtifact, encryption: EncryptionKeys) -> ArtifactRecord:
+    """The record of an artifact's row, its arguments opened (the content is read apart: `artifact_bytes`)."""
     return ArtifactRecord(
         id=row.id,
         tenant=row.tenant,
@@ -234,7 +236,7 @@ def artifact_from_row(row: ToolArtifact) -> ArtifactRecord:
         node_id=row.node_id,
         tool_call_id=row.tool_call_id,
         tool_name=row.tool_name,
-        arguments=row.arguments,
+        arguments=encryption.open_text(row.arguments, artifact_arguments_aad(row.id), row.key_id),
         status=row.status,
         sha256=row.sha256,
         bytes=row.size_bytes,
@@ -256,7 +258,10 @@ def as_utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def run_as_dict(row: ModelRun) -> dict[str, Any]:
+def run_as_dict(row: ModelRun, encryption: EncryptionKeys) -> dict[str, Any]:
+    """The records API's view of a run's row, its answer and error message opened."""
+    response = encryption.open_text(row.response_json, run_response_aad(row.id), row.key_id)
+    error = encryption.open_text(row.error_message, run_error_aad(row.id), row.key_id)
     return {
         "id": row.id,
         "object": "model_run",
@@ -278,7 +283,7 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
         "status": row.status,
         "http_status": row.http_status,
         "error": (
-            {"type": row.error_type, "message": row.error_message} if row.error_type else None
+            {"type": row.error_type, "message": error} if row.error_type else None
         ),
         "usage": {
             "prompt_tokens": row.prompt_tokens,
@@ -292,7 +297,7 @@ def run_as_dict(row: ModelRun) -> dict[str, Any]:
         "tokens": {"original": row.tokens_original, "forwarded": row.tokens_forwarded},
         "latency_ms": row.latency_ms,
         "finish_reason": row.finish_reason,
-        "response": json.loads(row.response_json) if row.response_json else None,
+        "response": json.loads(response) if response else None,
         "started_at": as_utc(row.started_at).isoformat(),
         "finished_at": as_utc(row.finished_at).isoformat() if row.finished_at else None,
     }

@@ -27,7 +27,11 @@ class Base(DeclarativeBase):
 
 
 class MessageNode(Base):
-    """One transcript message in a tenant's tree; tool content lives in its artifact."""
+    """One transcript message in a tenant's tree; tool content lives in its artifact.
+
+    The conversation's text columns (here `message_json`; a tool call's and an artifact's `arguments`;
+    a run's `response_json` and `error_message`) hold an envelope in base64 when their row's `key_id`
+    is set (storage/encryption.py), their text as it came when it is None."""
 
     __tablename__ = "message_nodes"
 
@@ -37,7 +41,8 @@ class MessageNode(Base):
     session_id: Mapped[str] = mapped_column(ID, index=True)
     depth: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(32))
-    message_json: Mapped[str] = mapped_column(Text)
+    message_json: Mapped[str] = mapped_column(Text)  # sealed when a key is set
+    key_id: Mapped[str | None] = mapped_column(String(16))
     artifact_id: Mapped[str | None] = mapped_column(ID)
     first_request_id: Mapped[str] = mapped_column(ID)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -75,7 +80,7 @@ class ModelRun(Base):
     status: Mapped[str] = mapped_column(String(32), index=True)
     http_status: Mapped[int | None] = mapped_column(Integer)
     error_type: Mapped[str | None] = mapped_column(String(64))
-    error_message: Mapped[str | None] = mapped_column(Text)
+    error_message: Mapped[str | None] = mapped_column(Text)  # sealed when a key is set, as is response_json
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
@@ -88,6 +93,7 @@ class ModelRun(Base):
     latency_ms: Mapped[float | None] = mapped_column(Float)
     finish_reason: Mapped[str | None] = mapped_column(String(64))
     response_json: Mapped[str | None] = mapped_column(Text)
+    key_id: Mapped[str | None] = mapped_column(String(16))  # what error_message and response_json are sealed under
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -102,7 +108,8 @@ class ToolCall(Base):
     node_id: Mapped[str] = mapped_column(ID, ForeignKey("message_nodes.id"), index=True)
     call_id: Mapped[str] = mapped_column(String(256))
     name: Mapped[str] = mapped_column(String(256))
-    arguments: Mapped[str] = mapped_column(Text)
+    arguments: Mapped[str] = mapped_column(Text)  # sealed when a key is set
+    key_id: Mapped[str | None] = mapped_column(String(16))
     run_id: Mapped[str | None] = mapped_column(ID)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
@@ -119,15 +126,15 @@ class ToolArtifact(Base):
     tool_call_id: Mapped[str] = mapped_column(String(256))
     tool_call_pk: Mapped[str | None] = mapped_column(ID)
     tool_name: Mapped[str | None] = mapped_column(String(256))
-    arguments: Mapped[str | None] = mapped_column(Text)
+    arguments: Mapped[str | None] = mapped_column(Text)  # sealed when a key is set
     status: Mapped[str] = mapped_column(String(16))
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     size_bytes: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(Integer)
     content_type: Mapped[str] = mapped_column(String(64))
     content: Mapped[bytes | None] = mapped_column(LargeBinary)  # inline: sealed when a key is set
-    # The key `content` is sealed under (storage/encryption.py); None: in the clear, or in a blob
-    # (whose key is its registry row's: one file serves every artifact of its content).
+    # The key `content` (inline) and `arguments` are sealed under (storage/encryption.py); None: in the
+    # clear. A blob's key is its registry row's: one file serves every artifact of its content.
     key_id: Mapped[str | None] = mapped_column(String(16))
     blob_key: Mapped[str | None] = mapped_column(String(128), index=True)
     owner_participant: Mapped[str] = mapped_column(String(256))

@@ -163,7 +163,8 @@ def test_no_plaintext_at_rest_exact_bytes_served_and_rotation(serving: Serving, 
     assert main(["keys", "rotate", "--config", str(serving.config), "--batch", "1"]) == 0
     counts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert counts["key_id"] == key_id(KEYS["B"]) and counts["unreadable"] == 0
-    assert counts["resealed"]["tool_artifacts"] == 1 and counts["resealed"]["blobs"] == 1
+    # Key A's two artifact rows (the ledger's inline content, and both calls' arguments) and one blob file.
+    assert counts["resealed"]["tool_artifacts"] == 2 and counts["resealed"]["blobs"] == 1
     assert counts["resealed"]["forwarded_messages"] >= 1
 
     # The old key removed: everything still reads.

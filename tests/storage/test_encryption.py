@@ -12,16 +12,19 @@ from typing import Iterator
 import pytest
 from sqlalchemy import select, text, update
 
-from policies.transcript import artifact_id_for, message_path
+from policies.transcript import artifact_id_for, message_path, tool_call_pk
 from storage.blobs import BlobCorrupted, DirectoryBlobStore
 from storage.database import make_engine
 from storage.encryption import (
     MAGIC,
+    TEXT_MAGIC,
     EncryptionKeys,
     Tampered,
     UnknownKey,
     artifact_aad,
+    call_arguments_aad,
     key_id,
+    node_aad,
     sealed_key_id,
 )
 from storage.record_types import ArtifactCorrupted, AssemblyRecord, RunOutcome, RunStart
@@ -148,7 +151,11 @@ def test_content_stored_before_the_key_still_reads_and_rotation_seals_it(stores,
     other_ids, _ = capture(sealed, "before", tenant="globex")
     assert read(sealed, other_ids[1]) == read(sealed, old_ids[1]) == shared_large.encode()
     report = sealed.rotate_keys(batch=1)
-    assert report.unreadable == [] and report.resealed["tool_artifacts"] == 1  # the clear inline one
+    assert report.unreadable == []
+    # The clear rows: both artifacts (the inline one's content, and each one's arguments), the four
+    # messages and the two calls; the runs ended nowhere, so they hold nothing to seal.
+    tables = ("tool_artifacts", "message_nodes", "tool_calls", "model_runs")
+    assert {table: report.resealed[table] for table in tables} == dict(zip(tables, (2, 4, 2, 0)))
     assert not any(MARKER in value for value in stored_values(sealed))
     assert not any(MARKER in blob for blob in files_under(tmp_path / "blobs"))
     assert [read(sealed, i) for i in old_ids + new_ids] == [v.encode() for v in old + new]
@@ -161,9 +168,13 @@ def test_rotation_lets_the_old_key_go(stores, tmp_path: Path) -> None:
     more_ids, more = capture(rotated, "two")
     report = rotated.rotate_keys(batch=1)
     assert report.unreadable == []
-    assert report.resealed["tool_artifacts"] == 1 and report.resealed["blobs"] == 1
-    assert rotated.rotate_keys().resealed == {"tool_artifacts": 0, "forwarded_messages": 0,
-                                              "context_assemblies": 0, "blobs": 0}  # nothing left
+    # Key A's rows: two artifacts (the inline one's content, and each one's arguments), the four
+    # messages it captured first and their two calls; one blob file.
+    assert report.resealed["tool_artifacts"] == 2 and report.resealed["blobs"] == 1
+    assert report.resealed["message_nodes"] == 4 and report.resealed["tool_calls"] == 2
+    assert rotated.rotate_keys().resealed == {"tool_artifacts": 0, "forwarded_messages": 0, "context_assemblies": 0,
+                                              "message_nodes": 0, "tool_calls": 0, "model_runs": 0,
+                                              "blobs": 0}  # nothing left
     only_new = stores(KEY_B)
     assert [read(only_new, i) for i in ids + more_ids] == [v.encode() for v in values + more]
     assert {sealed_key_id(b) for b in files_under(tmp_path / "blobs")} == {key_id(KEY_B)}
@@ -201,7 +212,11 @@ def test_a_missing_key_is_named_not_mistaken_for_corruption(stores) -> None:
             read(wrong, artifact_id)
         assert missing.value.key_id == key_id(KEY_A)
     report = wrong.rotate_keys()
-    assert len(report.unreadable) == 2 and all(key_id(KEY_A) in line for line in report.unreadable)
+    # Two artifacts (one inline, one the blob file's), four messages and two calls: each named, with the key.
+    assert sorted(line.split()[0] for line in report.unreadable) == [
+        "blob", "message_nodes", "message_nodes", "message_nodes", "message_nodes", "tool_artifacts", "tool_artifacts",
+        "tool_calls", "tool_calls"]
+    assert all(key_id(KEY_A) in line for line in report.unreadable)
 
 
 def test_rotation_while_captures_run_breaks_no_record(stores) -> None:
@@ -254,3 +269,70 @@ def test_a_projection_stored_whole_before_0005_is_sealed_by_rotation(stores) -> 
         stored, stored_key = connection.execute(select(ContextAssembly.forwarded_zlib, ContextAssembly.key_id)).one()
     assert stored.startswith(MAGIC) and stored_key == key_id(KEY_A)
     assert sealed.forwarded_messages(start.request_id, "acme") == projection
+
+
+def test_a_text_column_opens_only_in_a_sealed_row_and_where_it_belongs() -> None:
+    keys = EncryptionKeys(KEY_A)
+    value = '{"q": "caf\u00e9 \U0001f512 ' + MARKER.decode() + '"}'
+    sealed = keys.seal_text(value, node_aad("n1"))
+    assert sealed is not None and sealed.startswith(TEXT_MAGIC) and MARKER.decode() not in sealed
+    assert keys.open_text(sealed, node_aad("n1"), keys.current_id) == value
+    for elsewhere in (node_aad("n2"), call_arguments_aad("n1")):  # another row, another column
+        with pytest.raises(Tampered):
+            keys.open_text(sealed, elsewhere, keys.current_id)
+    assert keys.open_text(sealed, node_aad("n1"), None) == sealed  # a row written in the clear: as it is
+    with pytest.raises(Tampered):
+        keys.open_text(TEXT_MAGIC + " is not base64", node_aad("n1"), keys.current_id)
+    assert keys.seal_text(None, node_aad("n1")) is None
+    assert EncryptionKeys().seal_text(value, node_aad("n1")) == value
+
+
+def test_a_runs_answer_and_error_are_sealed_to_their_run(stores) -> None:
+    store = stores(KEY_A)
+    answer = {"choices": [{"message": {"role": "assistant", "content": f"it is {MARKER.decode()}"}}]}
+    runs = []
+    for outcome in (RunOutcome(status="ok", latency_ms=1.0, response=answer),
+                    RunOutcome(status="error", latency_ms=1.0, error_type="upstream_error",
+                               error_message=f"refused: {MARKER.decode()}")):
+        start = run()
+        store.ingest(message_path("acme", [{"role": "user", "content": MARKER.decode()}]), start)
+        store.finish_run(start.request_id, outcome)
+        runs.append(start.request_id)
+    ok, failed = (store.get_run(request_id, "acme") for request_id in runs)
+    assert ok is not None and ok.run["response"] == answer
+    assert failed is not None
+    assert failed.run["error"] == {"type": "upstream_error", "message": f"refused: {MARKER.decode()}"}
+    assert not any(MARKER in value for value in stored_values(store))
+    with store.engine.begin() as connection:  # one run's answer moved onto the other: it no longer opens
+        moved = connection.scalar(text("SELECT response_json FROM model_runs WHERE id = :id"), {"id": runs[0]})
+        connection.execute(text("UPDATE model_runs SET response_json = :r WHERE id = :id"), {"r": moved, "id": runs[1]})
+    with pytest.raises(Tampered):
+        store.get_run(runs[1], "acme")
+
+
+def test_text_that_only_looks_sealed_and_arguments_left_in_the_clear_read_and_get_sealed(stores) -> None:
+    looks_sealed = TEXT_MAGIC + "Q== is what a custom tool was given"
+    messages = [{"role": "user", "content": "go"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "run", "arguments": looks_sealed}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"}]
+    path = message_path("acme", messages)
+    stores(None).ingest(path, run())
+    sealed = stores(KEY_A)
+    later = message_path("acme", [*messages, {"role": "user", "content": "again"}, *messages[1:]])
+    sealed.ingest(later, run())
+    artifact_ids = [artifact_id_for(path[2].id), artifact_id_for(later[-1].id)]
+    with sealed.engine.begin() as connection:  # as versions before 0013 stored an artifact's arguments
+        connection.execute(update(ToolArtifact).where(ToolArtifact.id == artifact_ids[1]).values(arguments="{}"))
+    assert [sealed.get_artifact(i, "acme").arguments for i in artifact_ids] == [looks_sealed, "{}"]
+    arguments_id = f"args_{tool_call_pk(path[1].id, 'c1')}"
+    assert sealed.get_call_arguments(arguments_id, "acme")[0] == looks_sealed
+    assert sealed.rotate_keys().resealed["tool_artifacts"] == 2  # the clear row, and the arguments beside a key
+    with sealed.engine.connect() as connection:
+        stored = connection.execute(select(ToolArtifact.arguments)).scalars().all()
+        clear_calls = connection.scalar(text("SELECT count(*) FROM tool_calls WHERE key_id IS NULL"))
+    assert len(stored) == 2 and all(value.startswith(TEXT_MAGIC) and value != looks_sealed for value in stored)
+    assert clear_calls == 0
+    only_a = stores(KEY_A)
+    assert [only_a.get_artifact(i, "acme").arguments for i in artifact_ids] == [looks_sealed, "{}"]
+    assert only_a.get_call_arguments(arguments_id, "acme")[0] == looks_sealed
