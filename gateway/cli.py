@@ -1,4 +1,4 @@
-"""`gateway serve | check-config | migrate-config | replay | keys rotate | gc | tenant purge`."""
+"""`gateway serve | check-config | migrate-config | replay | demo | encryption rotate | gc | tenant purge`."""
 from __future__ import annotations
 
 import argparse
@@ -283,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--key", default="sk-acme-1", help="a tenant key (default: config.example.yaml's)")
     demo.add_argument("--model", default="demo", help="the model to ask (default: the offline demo model)")
     demo.set_defaults(run=_demo)
-    keys_command = sub.add_parser("keys", help="encryption keys of the stored conversations")
+    # `encryption` (once `keys`, still accepted): the storage's encryption keys, not the API keys of /api/keys
+    keys_command = sub.add_parser("encryption", aliases=["keys"],
+                                  help="encryption at rest: re-seal the stored conversations under a new key")
     keys = keys_command.add_subparsers(dest="keys_command", required=True)
     rotate = keys.add_parser("rotate", help="re-seal everything stored under storage.encryption_key (safe while serving)")
     rotate.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")

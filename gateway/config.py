@@ -303,7 +303,7 @@ class StorageSettings(_Strict):
     # Encryption at rest of captured tool results (inline, blobs, forwarded memories): an AES-256
     # key, 32 bytes in base64, best given as `os.environ/NAME`. Unset: stored in the clear.
     encryption_key: _EncryptionKey | None = Field(None, repr=False)
-    # Older keys, still accepted for reading until `gateway keys rotate` has re-sealed everything.
+    # Older keys, still accepted for reading until `gateway encryption rotate` has re-sealed everything.
     decryption_keys: list[_EncryptionKey] = Field(default_factory=list, repr=False)
 
     @field_validator("url")

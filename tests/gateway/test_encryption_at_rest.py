@@ -4,7 +4,7 @@ A tool result carrying a marker is captured (one small enough to stay in its
 row, one large enough for a blob, and the memory the policy forwards of it);
 the marker is then nowhere in the database or the blob folder, while
 /api/artifacts, rehydration and the next request's projection give the exact
-bytes. `gateway keys rotate` moves everything to a new key while a gateway
+bytes. `gateway encryption rotate` moves everything to a new key while a gateway
 serves, after which the old key can go.
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_no_plaintext_at_rest_exact_bytes_served_and_rotation(serving: Serving, 
     gateway.fake.reset()
     gateway.fake.script_message({"role": "assistant", "content": "fine"})
     third = send(gateway, messages)
-    assert main(["keys", "rotate", "--config", str(serving.config), "--batch", "1"]) == 0
+    assert main(["encryption", "rotate", "--config", str(serving.config), "--batch", "1"]) == 0
     counts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert counts["key_id"] == key_id(KEYS["B"]) and counts["unreadable"] == 0
     # Key A's two artifact rows (the ledger's inline content, and both calls' arguments) and one blob file.
@@ -237,5 +237,5 @@ def test_keys_rotate_needs_a_key(tmp_path: Path, capsys: pytest.CaptureFixture) 
     path.write_text(yaml.safe_dump({"models": [{"name": "m", "litellm_params": {"model": "openai/m"}}],
                                     "tenants": [{"id": "acme", "api_keys": ["k"]}],
                                     "storage": {"url": f"sqlite:///{tmp_path / 'g.db'}"}}))
-    assert main(["keys", "rotate", "--config", str(path)]) == 2
+    assert main(["keys", "rotate", "--config", str(path)]) == 2  # the older name, still accepted
     assert "storage.encryption_key" in capsys.readouterr().err

@@ -6,7 +6,7 @@ the upstream in an answer and in an error message is found nowhere on disk (the 
 column of PostgreSQL), before a checkpoint and after, while every reader (the records API, the
 projection, artifacts, the dashboard, Responses GET and `previous_response_id`) gives back exactly
 what was sent. Without a key the same search finds each marker, so it looks in the right places;
-`gateway keys rotate` then seals what was stored in the clear, and moves everything to a new key.
+`gateway encryption rotate` then seals what was stored in the clear, and moves everything to a new key.
 """
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_a_conversation_leaves_no_plaintext_and_reads_back_exactly(serving: Serv
 
     # A new key, the old one still read; rotation; then the old key goes and everything still reads.
     serve(serving, "B", "A")
-    assert main(["keys", "rotate", "--config", str(serving.config), "--batch", "2"]) == 0
+    assert main(["encryption", "rotate", "--config", str(serving.config), "--batch", "2"]) == 0
     counts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert counts["unreadable"] == 0
     assert all(counts["resealed"][table] > 0 for table in ("message_nodes", "tool_calls", "model_runs"))
@@ -202,7 +202,7 @@ def test_what_was_stored_in_the_clear_still_reads_and_rotation_seals_it(serving:
     assert_read_back(gateway, sent)  # in the clear, read beside what is sealed from now on
     more = converse(gateway)
     assert_read_back(gateway, more)
-    assert main(["keys", "rotate", "--config", str(serving.config)]) == 0
+    assert main(["encryption", "rotate", "--config", str(serving.config)]) == 0
     gateway = serve(serving, "A")
     assert_read_back(gateway, sent)
     assert key_ids(storage_url) == {key_id(KEYS["A"])}
