@@ -11,15 +11,13 @@ over, so no request ever ends up pointing at removed rows.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import zlib
 from datetime import datetime, timedelta
 from typing import Any, Mapping, NamedTuple, Sequence
 
-import orjson
-from sqlalchemy import Connection, bindparam, func, insert, select, text, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.exc import DataError, IntegrityError
 
 from policies.tokens import count_text
@@ -40,7 +38,6 @@ from storage.record_types import (
     RunStart,
     UnknownParentRequest,
     UnstorableValue,
-    as_utc,
     assembly_to_row,
     message_digest,
 )
@@ -55,33 +52,18 @@ from storage.schema import (
     ToolArtifact,
     ToolCall,
 )
-from storage.store_base import StoreBase
+from storage.path_reads import PathReads
 
 SIBLING_COUNT_BOUND = 10_000
 INGEST_ATTEMPTS = 3
-_PROBED_TAIL = 32  # the last nodes of a path whose state `_known_nodes` looks up every time
-_CHUNK = 500
 
 # The request path's statements, built once against the tables (Core on a plain connection: building
-# a statement and the ORM's compile and unit of work cost more per request than running them).
-_RUNS, _NODES, _MEMBERS = ModelRun.__table__, MessageNode.__table__, ConversationNode.__table__
+# a statement and the ORM's compile and unit of work cost more per request than running them). Those
+# that take a path's ids are in storage/path_reads.py.
+_RUNS, _MEMBERS = ModelRun.__table__, ConversationNode.__table__
 _ARTIFACTS = ToolArtifact.__table__
 _CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
 _PARENT_RUN = select(_RUNS.c.tenant, _RUNS.c.conversation_id).where(_RUNS.c.id == bindparam("id"))
-_KNOWN_NODES = (
-    select(_NODES.c.id, _MEMBERS.c.node_id)
-    .select_from(_NODES.outerjoin(_MEMBERS, (_MEMBERS.c.node_id == _NODES.c.id)
-                                  & (_MEMBERS.c.conversation_id == bindparam("conversation"))))
-    .where(_NODES.c.id.in_(bindparam("ids", expanding=True)))
-)
-_RUN_ENDING_AT = (  # the run whose request ended at a node
-    select(_RUNS.c.id).where(_RUNS.c.tenant == bindparam("tenant"), _RUNS.c.leaf_node_id == bindparam("leaf"))
-    .order_by(_RUNS.c.started_at.desc()).limit(1)
-)
-_ARTIFACT_FACTS = (
-    select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant)
-    .where(_ARTIFACTS.c.id.in_(bindparam("ids", expanding=True)))
-)
 _ARTIFACTS_IN_CONVERSATION = select(func.count()).select_from(
     select(_MEMBERS.c.node_id).join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id)
     .where(_MEMBERS.c.conversation_id == bindparam("conversation")).limit(bindparam("bound")).subquery()
@@ -92,49 +74,6 @@ _SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the par
            _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
 )
 _SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
-_RESULTS_OF_RUNS = select(  # by the sha256 of the content as sent, which the assembler's views carry
-    func.coalesce(_ARTIFACTS.c.original_sha256, _ARTIFACTS.c.sha256), _ARTIFACTS.c.tool_name).where(
-    _ARTIFACTS.c.captured_by_request.in_(bindparam("runs", expanding=True)), _ARTIFACTS.c.tenant == bindparam("tenant"))
-_PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
-    select(_RUNS.c.tokens_original, _RUNS.c.leaf_node_id, _RUNS.c.id, _RUNS.c.conversation_id)
-    .where(_RUNS.c.leaf_node_id.in_(bindparam("leaves", expanding=True)), _RUNS.c.tokens_original.is_not(None))
-    .order_by(_RUNS.c.started_at.desc()).limit(1)
-)
-# The same three reads on SQLite, handed the ids as one JSON array (`json_each`): an `IN` list of a
-# thousand parameters costs SQLAlchemy a statement rendered anew, and its DateTime reads a regex per row.
-_ARTIFACT_FACTS_SQLITE = text(
-    "SELECT id, observed_at, owner_participant FROM tool_artifacts WHERE id IN (SELECT value FROM json_each(:ids))")
-_KNOWN_NODES_SQLITE = text(
-    "SELECT message_nodes.id, conversation_nodes.node_id FROM message_nodes LEFT OUTER JOIN conversation_nodes"
-    " ON conversation_nodes.node_id = message_nodes.id AND conversation_nodes.conversation_id = :conversation"
-    " WHERE message_nodes.id IN (SELECT value FROM json_each(:ids))")
-_PREVIOUS_RUN_SQLITE = text(
-    "SELECT tokens_original, leaf_node_id, id, conversation_id FROM model_runs"
-    " WHERE leaf_node_id IN (SELECT value FROM json_each(:leaves)) AND tokens_original IS NOT NULL"
-    " ORDER BY started_at DESC LIMIT 1")
-
-
-_NAIVE_EPOCH = datetime(1970, 1, 1)
-
-
-def _sqlite_moment(value: str | datetime) -> float:
-    """Unix seconds of a DateTime as SQLite holds it (SQLAlchemy's text of a naive UTC datetime).
-
-    Exactly `as_utc(moment).timestamp()` (both divide whole microseconds by a million), without making
-    an aware datetime for every artifact of the path."""
-    if isinstance(value, str):
-        return _sqlite_text_moment(value)
-    if value.tzinfo is None:
-        return (value - _NAIVE_EPOCH).total_seconds()
-    return value.timestamp()
-
-
-@functools.lru_cache(maxsize=65536)
-def _sqlite_text_moment(value: str) -> float:
-    """`_sqlite_moment` of SQLite's text, remembered: a path's artifacts are read again on every request
-    of their conversation, each with the same text."""
-    return _sqlite_moment(datetime.fromisoformat(value))
-
 
 _CONVERSATIONS = Conversation.__table__
 # PostgreSQL: a conversation whose last activity is this recent is share-locked by a capture, not touched
@@ -185,7 +124,7 @@ def _open_calls(assistant: PathNode | None) -> _OpenCalls:
     return {str(c.get("id")): (assistant.id, c, author) for c in assistant.message.get("tool_calls") or []}
 
 
-class Capture(StoreBase):
+class Capture(PathReads):
     def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
         if not path:
@@ -222,12 +161,13 @@ class Capture(StoreBase):
             raise UnknownParentRequest(run.parent_request_id)
         existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
         new: list[PathNode] = []
-        node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
+        node_rows, asking, artifact_rows, blobs = [], [], [], {}
         asked: PathNode | None = None  # the latest assistant message so far, whose calls are open
         open_calls: _OpenCalls = {}
         calls_of: PathNode | None = None  # whose calls `open_calls` holds (worked out for new nodes only)
         for node in path:
-            if node.message.get("role") == "assistant":
+            role = node.message.get("role")
+            if role == "assistant":
                 asked = node
             if node.id in existing:
                 continue
@@ -240,10 +180,11 @@ class Capture(StoreBase):
                 artifact_rows.append(artifact)
                 if artifact["blob_key"]:
                     blobs[artifact["blob_key"]] = raw
-            call_rows.extend(self._call_rows(connection, tenant, node, now))
+            if role == "assistant" and node.message.get("tool_calls"):
+                asking.append(node)
         self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
         self._write_blobs(connection, blobs, now)
-        self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
+        self._insert_ignoring_conflicts(connection, ToolCall, self._call_rows(connection, tenant, asking, now))
         self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
         self._insert_ignoring_conflicts(connection, ConversationNode, [
             {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
@@ -262,11 +203,7 @@ class Capture(StoreBase):
         # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
         # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
         # retry) continues the one it repeats.
-        leaves = [n.id for n in path]
-        if connection.dialect.name == "sqlite":
-            previous = connection.execute(_PREVIOUS_RUN_SQLITE, {"leaves": orjson.dumps(leaves).decode()}).first()
-        else:
-            previous = connection.execute(_PREVIOUS_RUN, {"leaves": leaves}).first()
+        previous = self._previous_run(connection, [n.id for n in path])
         return IngestResult(
             session_id=written.session_id,
             conversation_id=conversation,
@@ -315,51 +252,6 @@ class Capture(StoreBase):
             started_at=run.started_at,
         )
 
-    def _known_nodes(self, connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
-        """(the nodes of the path `ids` that exist, those of them this conversation already uses), asking
-        the database about what is new rather than about every node.
-
-        A conversation's nodes are prefix-closed: a path's nodes join it together, in the transaction
-        that captures the path, and leave it together (a deletion removes a conversation's memberships
-        whole); a node's id names its parent, so a node of the conversation brings every node before it
-        on the path. So the last `_PROBED_TAIL` nodes and a few further back (exponentially spaced) are
-        looked up; every node up to the deepest one the conversation uses is known without a look, and
-        only the unlooked nodes past it are looked up, a run proportional to what the request adds.
-        """
-        count = len(ids)
-        probes = set(range(max(0, count - _PROBED_TAIL), count))
-        back = _PROBED_TAIL
-        while back < count:
-            probes.add(count - 1 - back)
-            back *= 2
-        existing, members = self._node_states(connection, conversation, [ids[i] for i in sorted(probes)])
-        deepest = max((i for i in probes if ids[i] in members), default=-1)
-        unlooked = [ids[i] for i in range(deepest + 1, count) if i not in probes]
-        if unlooked:
-            more_existing, more_members = self._node_states(connection, conversation, unlooked)
-            existing |= more_existing
-            members |= more_members
-        known = ids[:deepest + 1]
-        return existing.union(known), members.union(known)
-
-    def _node_states(self, connection: Connection, conversation: str,
-                     ids: list[str]) -> tuple[set[str], set[str]]:
-        """(the nodes of `ids` that exist, those of them this conversation already uses), looked up."""
-        existing: set[str] = set()
-        members: set[str] = set()
-        if connection.dialect.name == "sqlite":  # one JSON parameter: no statement built per id count
-            chunks = [connection.execute(_KNOWN_NODES_SQLITE,
-                                         {"conversation": conversation, "ids": orjson.dumps(ids).decode()})]
-        else:
-            chunks = [connection.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
-                      for start in range(0, len(ids), _CHUNK)]
-        for rows in chunks:
-            for node, member in rows:
-                existing.add(node)
-                if member is not None:
-                    members.add(node)
-        return existing, members
-
     def _write_blobs(self, connection: Connection, blobs: dict[str, bytes], now: datetime) -> None:
         """Write large artifacts' files, each under its registry row's lock (see storage/deletion.py).
 
@@ -390,29 +282,7 @@ class Capture(StoreBase):
                                                                   "own_parent": own_parent}))
         if not child_ids:
             return {}
-        return {sha: name or "" for sha, name in connection.execute(_RESULTS_OF_RUNS, {"runs": child_ids, "tenant": tenant})}
-
-    def _artifact_facts(
-        self, connection: Connection, artifact_ids: list[str]
-    ) -> tuple[dict[str, float], dict[str, str]]:
-        observed: dict[str, float] = {}
-        owners: dict[str, str] = {}
-        if connection.dialect.name == "sqlite":
-            # One JSON parameter (no statement built per id count), and the rows fetched by the driver
-            # in one call: through SQLAlchemy's result, each of a 1,000-message path's ~500 rows cost
-            # more than SQLite took to find it. The same connection, so the same transaction.
-            cursor = connection.connection.driver_connection.execute(  # type: ignore[union-attr]
-                _ARTIFACT_FACTS_SQLITE.text, {"ids": orjson.dumps(artifact_ids).decode()})
-            for artifact_id, moment, owner in cursor.fetchall():
-                observed[artifact_id] = _sqlite_moment(moment)
-                owners[artifact_id] = owner
-            return observed, owners
-        for start in range(0, len(artifact_ids), _CHUNK):
-            rows = connection.execute(_ARTIFACT_FACTS, {"ids": artifact_ids[start : start + _CHUNK]})
-            for artifact_id, moment, owner in rows:
-                observed[artifact_id] = as_utc(moment).timestamp()
-                owners[artifact_id] = owner
-        return observed, owners
+        return self._results_of_runs(connection, tenant, child_ids)
 
     def _node_rows(
         self,
@@ -499,22 +369,18 @@ class Capture(StoreBase):
             row["content"], row["key_id"] = self.encryption.seal(raw, artifact_aad(digest)), self.encryption.current_id
         return row, raw
 
-    def _call_rows(
-        self, connection: Connection, tenant: str, node: PathNode, now: datetime
-    ) -> list[dict[str, Any]]:
-        tool_calls = node.message.get("tool_calls") or []
-        if node.message.get("role") != "assistant" or not tool_calls:
-            return []
-        run_id = None
-        if node.parent_id is not None:
-            # The run whose request ended at this message's parent produced it.
-            run_id = connection.scalar(_RUN_ENDING_AT, {"tenant": tenant, "leaf": node.parent_id})
+    def _call_rows(self, connection: Connection, tenant: str, asking: list[PathNode],
+                   now: datetime) -> list[dict[str, Any]]:
+        """The rows of the tool calls of the new assistant messages `asking`, each call with the run
+        whose request ended at its message's parent (the run that produced it), looked up in one go."""
+        producers = self._runs_ending_at(connection, tenant, [n.parent_id for n in asking if n.parent_id])
         rows = []
-        for call in tool_calls:
-            function = call.get("function") or {}
-            call_id = str(call.get("id") or "")
-            rows.append(
-                {
+        for node in asking:
+            run_id = producers.get(node.parent_id) if node.parent_id is not None else None
+            for call in node.message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                call_id = str(call.get("id") or "")
+                rows.append({
                     "id": tool_call_pk(node.id, call_id),
                     "tenant": tenant,
                     "node_id": node.id,
@@ -523,8 +389,7 @@ class Capture(StoreBase):
                     "arguments": str(function.get("arguments") or ""),
                     "run_id": run_id,
                     "created_at": now,
-                }
-            )
+                })
         return rows
 
     def open_run(self, run: RunStart) -> None:
