@@ -415,9 +415,8 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
             await recorder.fail(error)
             yield relay.error(error)
         except Exception as exc:  # a fault of ours mid-stream: recorded, and told in the stream's own terms
-            error = internal_error(exc)
-            await recorder.fail(error, status="internal_error")
+            await recorder.fail(internal_error(exc), status="internal_error")
             services.metrics.observe_error("internal_error")
-            yield relay.error(error)
+            yield relay.error(internal_error(exc, recorder.recorded))
 
     return RecordedStream(events(), recorder, headers)

@@ -33,6 +33,7 @@ from storage.canonical import fast_canonical_json
 from storage.encryption import artifact_aad, forwarded_aad
 from storage.record_types import (
     AssemblyRecord,
+    CapturedThenFailed,
     IngestResult,
     RunOutcome,
     RunStart,
@@ -133,8 +134,12 @@ class Capture(PathReads):
         # What the assembly reads about the path is read after the commit, off the write lock (SQLite has
         # one writer: what is done under it is what bounds throughput); it sees this capture and any
         # committed since, as if the request had come a moment later.
-        with self.engine.connect() as connection:
-            return self._read_after_capture(connection, path, run, written)
+        try:
+            with self.engine.connect() as connection:
+                return self._read_after_capture(connection, path, run, written)
+        except Exception as exc:  # the run is stored: the caller must know it has an outcome to record
+            first_line = (str(exc).splitlines() or [""])[0][:300]
+            raise CapturedThenFailed(f"after the capture: {type(exc).__name__}: {first_line}") from exc
 
     def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> _Written:
         for attempt in range(1, INGEST_ATTEMPTS + 1):
@@ -435,8 +440,9 @@ class Capture(PathReads):
 
     def finish_run(
         self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
-    ) -> None:
-        """Record how a run ended. Once only; but a real outcome replaces `interrupted` (a guess)."""
+    ) -> bool:
+        """Record how a run ended. Once only; but a real outcome replaces `interrupted` (a guess). Whether
+        this outcome was written (False: the run is not there, or has a real outcome already)."""
         values: dict[str, Any] = {
             "request_id": request_id,
             "status": outcome.status,
@@ -464,15 +470,16 @@ class Capture(PathReads):
         replaced = self._replacements(assembly) if assembly is not None else []
         assembly_row = assembly_to_row(request_id, "", assembly) if assembly is not None else None
 
-        def write(connection: Connection) -> None:
+        def write(connection: Connection) -> bool:
             finished = connection.execute(_FINISH_RUN, values).first()
             if assembly_row is not None and finished is not None:
                 tenant, conversation = finished
                 self._insert_ignoring_conflicts(connection, ForwardedMessage, [
                     {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
                 connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
+            return finished is not None
 
-        self._in_transaction(write)
+        return self._in_transaction(write)
 
     def _replacements(self, assembly: AssemblyRecord) -> list[dict[str, Any]]:
         """The messages forwarded in place of the client's, stored once per conversation (most are there
