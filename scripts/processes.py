@@ -109,6 +109,7 @@ class Gateway:
     log: Path
     process: subprocess.Popen | None = None
     workers: int = 1
+    ready_seconds: float = 60.0  # how long `start` waits for /readyz
 
     @property
     def url(self) -> str:
@@ -121,7 +122,7 @@ class Gateway:
                  "--workers", str(self.workers)],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        wait_until_up(f"{self.url}/readyz", process=self.process)
+        wait_until_up(f"{self.url}/readyz", self.ready_seconds, process=self.process)
         return self
 
     def kill(self) -> None:
