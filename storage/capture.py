@@ -1,4 +1,4 @@
-"""Capture: the durable step of the request path, and the run's outcome.
+"""Capture: the durable step of the request path (a run's outcome: storage/run_outcomes.py).
 
 `ingest` commits every new message node, tool call and tool artifact of a
 request (large artifacts written to the blob store and fsynced first), the
@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from datetime import datetime, timedelta
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
 
 from policies.tokens import count_text
@@ -30,30 +29,25 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.canonical import fast_canonical_json
-from storage.encryption import artifact_aad, forwarded_aad
+from storage.encryption import artifact_aad
 from storage.record_types import (
-    AssemblyRecord,
     CapturedThenFailed,
     IngestResult,
-    RunOutcome,
     RunStart,
     UnknownParentRequest,
     UnstorableValue,
-    assembly_to_row,
-    message_digest,
 )
 from storage.schema import (
     Blob,
-    ContextAssembly,
     Conversation,
     ConversationNode,
-    ForwardedMessage,
     MessageNode,
     ModelRun,
     ToolArtifact,
     ToolCall,
 )
 from storage.path_reads import PathReads
+from storage.run_outcomes import RunOutcomes
 
 SIBLING_COUNT_BOUND = 10_000
 INGEST_ATTEMPTS = 3
@@ -87,22 +81,6 @@ _SHARE_ACTIVE_CONVERSATION = (
     .with_for_update(read=True)  # FOR SHARE
 )
 _INSERT_RUN = insert(_RUNS)
-# How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
-_KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
-_FINISH_RUN = (
-    update(_RUNS)
-    .where(_RUNS.c.id == bindparam("request_id"), _RUNS.c.status.in_(("pending", "interrupted")))
-    .values({
-        **{name: bindparam(name) for name in (
-            "status", "latency_ms", "http_status", "error_type", "error_message", "prompt_tokens",
-            "completion_tokens", "cached_tokens", "total_tokens", "cost_usd", "cost_original_usd",
-            "tokens_original", "tokens_forwarded", "cache_write_tokens", "finish_reason", "response_json",
-            "finished_at")},
-        **{name: func.coalesce(bindparam(name, type_=_RUNS.c[name].type), _RUNS.c[name]) for name in _KEPT_UNLESS_GIVEN},
-    })
-    .returning(_RUNS.c.tenant, _RUNS.c.conversation_id)
-)
-_INSERT_ASSEMBLY = insert(ContextAssembly.__table__)
 
 # call id -> (assistant node, call, author): a result belongs to whoever made the call
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
@@ -125,7 +103,7 @@ def _open_calls(assistant: PathNode | None) -> _OpenCalls:
     return {str(c.get("id")): (assistant.id, c, author) for c in assistant.message.get("tool_calls") or []}
 
 
-class Capture(PathReads):
+class Capture(PathReads, RunOutcomes):
     def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
         if not path:
@@ -437,63 +415,3 @@ class Capture(PathReads):
                 where=table.c.last_active_at <= values.excluded.last_active_at,
             )
         connection.execute(statement, {"id": conversation, "tenant": tenant, "now": now})
-
-    def finish_run(
-        self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
-    ) -> bool:
-        """Record how a run ended. Once only; but a real outcome replaces `interrupted` (a guess). Whether
-        this outcome was written (False: the run is not there, or has a real outcome already)."""
-        values: dict[str, Any] = {
-            "request_id": request_id,
-            "status": outcome.status,
-            "latency_ms": outcome.latency_ms,
-            "http_status": outcome.http_status,
-            "error_type": outcome.error_type,
-            "error_message": outcome.error_message,
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "cached_tokens": outcome.cached_tokens,
-            "total_tokens": outcome.total_tokens,
-            "cost_usd": outcome.cost_usd,
-            "cost_original_usd": outcome.cost_original_usd,
-            "tokens_original": outcome.tokens_original,
-            "tokens_forwarded": outcome.tokens_forwarded,
-            "cache_write_tokens": outcome.cache_write_tokens,
-            "finish_reason": outcome.finish_reason,
-            "response_json": fast_canonical_json(outcome.response) if outcome.response else None,
-            "finished_at": self._now(),
-            "deployment": outcome.deployment,
-            "upstream_model": outcome.upstream_model,
-            "attempts_json": fast_canonical_json(list(outcome.attempts)) if len(outcome.attempts) > 1 else None,
-        }
-        # What the assembly stores is worked out before the write lock is taken (SQLite: one writer).
-        replaced = self._replacements(assembly) if assembly is not None else []
-        assembly_row = assembly_to_row(request_id, "", assembly) if assembly is not None else None
-
-        def write(connection: Connection) -> bool:
-            finished = connection.execute(_FINISH_RUN, values).first()
-            if assembly_row is not None and finished is not None:
-                tenant, conversation = finished
-                self._insert_ignoring_conflicts(connection, ForwardedMessage, [
-                    {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
-                connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
-            return finished is not None
-
-        return self._in_transaction(write)
-
-    def _replacements(self, assembly: AssemblyRecord) -> list[dict[str, Any]]:
-        """The messages forwarded in place of the client's, stored once per conversation (most are there
-        already: between epochs a request forwards the same memories as the one before), as rows
-        without their conversation and tenant."""
-        rows = {}
-        base = assembly.base_decisions if assembly.base_request_id is not None else None
-        notable = assembly.notable
-        now = self._now()
-        for index, message in (assembly.replaced or {}).items():
-            forwarded = notable[index].get("forwarded")
-            if base is not None and forwarded is not None and (base.get(index) or {}).get("forwarded") == forwarded:
-                continue  # the base request forwarded the same message: stored then
-            digest, data = message_digest(message)
-            sealed, key_id = self.encryption.seal_if_enabled(zlib.compress(data), forwarded_aad(digest))
-            rows[digest] = {"digest": digest, "message_zlib": sealed, "key_id": key_id, "created_at": now}
-        return list(rows.values())
