@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.metrics import GatewayMetrics
-from gateway.run_recorder import internal_error
+from gateway.run_recorder import internal_error, recorded
 from gateway.wire.formats import error_response
 
 log = logging.getLogger("gateway")
@@ -84,4 +84,4 @@ class ErrorBoundary:
             self.metrics.observe_error("internal_error", scope.get("path", ""))
             if started:
                 return  # the answer is under way; the server ends the broken response
-            await error_response(scope.get("path", ""), internal_error(exc))(scope, receive, send)
+            await error_response(scope.get("path", ""), internal_error(exc, recorded(scope)))(scope, receive, send)

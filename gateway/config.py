@@ -70,6 +70,10 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(4000, ge=0, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    # Items of a request's transcript (chat and Anthropic `messages`, Responses `input`): past it a 400
+    # (too_many_messages) before the transcript is checked or stored. 100,000 is the Anthropic Messages
+    # API's own limit, so no request a provider would take is refused.
+    max_messages: int = Field(100_000, gt=0)
     upstream_timeout_seconds: float = Field(600.0, gt=0)
     # Every instance beats this often; one that misses three beats is dead and its pending
     # runs are marked interrupted by the others (and by the next one to start).

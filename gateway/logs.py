@@ -5,6 +5,11 @@ serve` hands to uvicorn, so every worker process logs the same way: the gateway'
 own loggers and uvicorn's error log as JSON (or plain text with `log_format: text`),
 and uvicorn's access log off, since `gateway.access` writes a richer one (request
 id, tenant, model, deployment, tokens, latency, error) for every request.
+
+No line passes `MAX_LINE` characters (about 10 KB): a message, an exception or a field longer than
+its share keeps its head and its tail around a note of what was cut. A database error's text holds
+its statement (the engines hide its parameters, storage/database.py), which no longer grows with a
+request, but a line is bounded whatever a foreign error carries.
 """
 from __future__ import annotations
 
@@ -14,6 +19,17 @@ import time
 from typing import Any, Mapping
 
 ACCESS_LOGGER = "gateway.access"
+MAX_LINE = 10_000
+_MESSAGE_SHARE, _EXCEPTION_SHARE, _FIELD_SHARE = 2_000, 6_000, 500
+
+
+def cut(text: str, most: int) -> str:
+    """`text`, or its head and tail around a note of how much was cut when it passes `most` characters."""
+    if len(text) <= most:
+        return text
+    note = f" ...[{len(text) - most} characters cut]... "
+    keep = max(0, most - len(note))
+    return text[:keep // 3] + note + text[len(text) - (keep - keep // 3):]
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,14 +40,18 @@ class JsonFormatter(logging.Formatter):
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": cut(record.getMessage(), _MESSAGE_SHARE),
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, Mapping):
-            out.update(fields)
+            out.update((key, _short(value)) for key, value in fields.items())
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False, default=str, separators=(",", ":"))
+            out["exception"] = cut(self.formatException(record.exc_info), _EXCEPTION_SHARE)
+        line = json.dumps(out, ensure_ascii=False, default=str, separators=(",", ":"))
+        if len(line) <= MAX_LINE:
+            return line
+        return json.dumps({key: out[key] for key in ("ts", "level", "logger", "message")}  # many fields
+                          | {"cut": f"{len(line)} characters"}, ensure_ascii=False, separators=(",", ":"))
 
 
 class TextFormatter(logging.Formatter):
@@ -41,11 +61,23 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = super().format(record)  # the message and its exception's traceback
         fields = getattr(record, "fields", None)
         if isinstance(fields, Mapping):
-            line += "".join(f" {key}={value}" for key, value in fields.items() if value is not None)
-        return line
+            line += "".join(f" {key}={_short(value)}" for key, value in fields.items() if value is not None)
+        return cut(line, MAX_LINE)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = cut(record.message, _MESSAGE_SHARE)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return cut(super().formatException(ei), _EXCEPTION_SHARE)
+
+
+def _short(value: Any) -> Any:
+    """A field's value, a string cut to its share."""
+    return cut(value, _FIELD_SHARE) if isinstance(value, str) else value
 
 
 def logging_config(level: str, log_format: str, access_log: bool = True) -> dict[str, Any]:

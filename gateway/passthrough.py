@@ -129,8 +129,7 @@ async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRe
             await recorder.fail(error)
             yield sse_event(error_body(error))
         except Exception as exc:  # a fault of ours mid-stream
-            error = internal_error(exc)
-            await recorder.fail(error, status="internal_error")
-            yield sse_event(error_body(error))
+            await recorder.fail(internal_error(exc), status="internal_error")
+            yield sse_event(error_body(internal_error(exc, recorder.recorded)))
 
     return RecordedStream(events(), recorder, headers)

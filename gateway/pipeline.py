@@ -300,10 +300,10 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
     return ingest, projection, records, record
 
 
-async def _parse(wire: WireFormat, raw: bytes) -> NeutralRequest:
+async def _parse(wire: WireFormat, raw: bytes, max_messages: int) -> NeutralRequest:
     if len(raw) > _OFF_LOOP_BYTES:
-        return await off_loop(wire.parse, raw)
-    return wire.parse(raw)
+        return await off_loop(wire.parse, raw, max_messages)
+    return wire.parse(raw, max_messages)
 
 
 async def continued(services: Services, tenant: str, neutral: NeutralRequest) -> NeutralRequest:
@@ -334,6 +334,14 @@ async def continued(services: Services, tenant: str, neutral: NeutralRequest) ->
     return replace(neutral, messages=messages, digests=None)
 
 
+def _check_continued(neutral: NeutralRequest, limit: int) -> None:
+    """The transcript a `previous_response_id` continues, with the new input, within the message limit."""
+    if len(neutral.messages) > limit:
+        raise InvalidRequest(f"previous_response_id: the conversation it continues holds {len(neutral.messages)}"
+                             f" messages with this input; this gateway takes at most {limit} per request"
+                             " (server.max_messages)", param="previous_response_id", code="too_many_messages")
+
+
 async def tenant_principal(request: Request, services: Services) -> Principal:
     principal = await authenticate_async(services.keyring, request.headers.get("authorization"),
                                          request.headers.get("x-api-key"))
@@ -347,7 +355,7 @@ async def count_tokens(request: Request, services: Services, wire: AnthropicMess
     principal = await tenant_principal(request, services)
     assert principal.tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
-    neutral = await off_loop(wire.parse_count, raw)
+    neutral = await off_loop(wire.parse_count, raw, services.settings.server.max_messages)
     model = model_for(services, principal.tenant, neutral.model)
     policy = services.policies[principal.tenant.id]
     return await off_loop(projected_tokens, policy, model, principal.tenant.id, neutral, services.clock())
@@ -359,12 +367,13 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     tenant = principal.tenant
     assert tenant is not None
     raw = await read_body(request, services.settings.server.max_body_bytes)
-    neutral = await _parse(wire, raw)
+    neutral = await _parse(wire, raw, services.settings.server.max_messages)
     model = model_for(services, tenant, neutral.model)
     rate_headers = await check_limits(services, principal, "requests", 1)
     await services.budgets.check(principal)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)
+        _check_continued(neutral, services.settings.server.max_messages)
     policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
     run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
@@ -415,9 +424,8 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
             await recorder.fail(error)
             yield relay.error(error)
         except Exception as exc:  # a fault of ours mid-stream: recorded, and told in the stream's own terms
-            error = internal_error(exc)
-            await recorder.fail(error, status="internal_error")
+            await recorder.fail(internal_error(exc), status="internal_error")
             services.metrics.observe_error("internal_error", "/v1/")
-            yield relay.error(error)
+            yield relay.error(internal_error(exc, recorder.recorded))
 
     return RecordedStream(events(), recorder, headers)

@@ -34,7 +34,7 @@ from gateway.outcomes import Accounting
 from gateway.threads import off_loop
 from gateway.upstream import Attempt
 from policies.transcript import PathNode
-from storage.record_types import AssemblyRecord, IngestResult, RunOutcome, RunStart
+from storage.record_types import AssemblyRecord, CapturedThenFailed, IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore
 
 log = logging.getLogger("gateway.runs")
@@ -56,10 +56,17 @@ async def outcomes_written() -> None:
 _SETTLE_SECONDS = 10.0
 
 
-def internal_error(exc: BaseException) -> InternalError:
-    """What the client is told, and the run records, for a fault of the gateway itself."""
-    return InternalError("The gateway hit an internal error; the request was recorded and can be retried.",
-                         detail=f"{type(exc).__name__}: {exc}"[:1000])
+def internal_error(exc: BaseException, recorded: bool = True) -> InternalError:
+    """What the client is told, and the run records, for a fault of the gateway itself; `recorded`: the
+    request's run holds its outcome (the answer says so only then)."""
+    told = "the request was recorded and can be retried" if recorded else "the request can be retried"
+    return InternalError(f"The gateway hit an internal error; {told}.", detail=f"{type(exc).__name__}: {exc}"[:1000])
+
+
+def recorded(scope: Scope) -> bool:
+    """Whether every run the request started has its outcome written (and it started one)."""
+    runs = recorders_of(scope)
+    return bool(runs) and all(r.recorded for r in runs)
 
 
 class RunRecorder:
@@ -77,6 +84,7 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.opened = False  # the pending run is committed
         self.finished = False
+        self.recorded = False  # its outcome is written (what an answer may claim)
         self.outcome: RunOutcome | None = None  # as recorded (the access log reads it)
         self.streaming = False  # handed to a RecordedStream, which finishes it
         self.attempts: list[Attempt] = []  # every upstream try (gateway/deployments.py), the answer last
@@ -88,7 +96,11 @@ class RunRecorder:
 
     def ingest_here(self, path: Sequence[PathNode]) -> IngestResult:
         """`ingest` on the calling thread (a worker thread: it waits for the store)."""
-        result = self.store.ingest(path, self.start)
+        try:
+            result = self.store.ingest(path, self.start)
+        except CapturedThenFailed:
+            self.opened = True  # the run is stored, pending: every exit from here records its outcome
+            raise
         self.opened = True
         return result
 
@@ -110,7 +122,7 @@ class RunRecorder:
         self.outcome = outcome
         try:
             with anyio.CancelScope(shield=True):  # a cancelled request still records its end
-                await off_loop(self.store.finish_run, self.start.request_id, outcome, self.assembly)
+                self.recorded = await off_loop(self.store.finish_run, self.start.request_id, outcome, self.assembly)
         except Exception:  # the store is down: the run stays pending until the next start settles it
             log.exception("could not record the outcome of run %s", self.start.request_id)
         else:

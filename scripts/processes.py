@@ -110,20 +110,21 @@ class Gateway:
     process: subprocess.Popen | None = None
     workers: int = 1
     env: dict[str, str] | None = None  # the process's environment (default: this one's)
+    ready_seconds: float = 60.0  # how long `start` waits for /readyz
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, seconds: float = 60.0) -> "Gateway":
-        """Start the process and wait up to `seconds` until it is ready."""
+    def start(self, seconds: float | None = None) -> "Gateway":
+        """Start the process and wait up to `seconds` (default `ready_seconds`) until it is ready."""
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [PYTHON, "-m", "gateway.cli", "serve", "--config", str(self.config), "--port", str(self.port),
                  "--workers", str(self.workers)],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**(os.environ if self.env is None else self.env), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        wait_until_up(f"{self.url}/readyz", seconds, process=self.process)
+        wait_until_up(f"{self.url}/readyz", self.ready_seconds if seconds is None else seconds, process=self.process)
         return self
 
     def kill(self) -> None:

@@ -1,4 +1,4 @@
-"""Capture: the durable step of the request path, and the run's outcome.
+"""Capture: the durable step of the request path (a run's outcome: storage/run_outcomes.py).
 
 `ingest` commits every new message node, tool call and tool artifact of a
 request (large artifacts written to the blob store and fsynced first), the
@@ -11,15 +11,12 @@ over, so no request ever ends up pointing at removed rows.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import zlib
 from datetime import datetime, timedelta
 from typing import Any, Mapping, NamedTuple, Sequence
 
-import orjson
-from sqlalchemy import Connection, bindparam, func, insert, select, text, update
+from sqlalchemy import Connection, bindparam, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
 
 from policies.tokens import count_text
@@ -32,64 +29,36 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.canonical import fast_canonical_json
-from storage.encryption import (
-    artifact_aad,
-    artifact_arguments_aad,
-    call_arguments_aad,
-    forwarded_aad,
-    node_aad,
-    run_error_aad,
-    run_response_aad,
-)
+from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
 from storage.record_types import (
-    AssemblyRecord,
+    CapturedThenFailed,
     IngestResult,
-    RunOutcome,
     RunStart,
     UnknownParentRequest,
     UnstorableValue,
-    as_utc,
-    assembly_to_row,
-    message_digest,
 )
 from storage.schema import (
     Blob,
-    ContextAssembly,
     Conversation,
     ConversationNode,
-    ForwardedMessage,
     MessageNode,
     ModelRun,
     ToolArtifact,
     ToolCall,
 )
-from storage.store_base import StoreBase
+from storage.path_reads import PathReads
+from storage.run_outcomes import RunOutcomes
 
 SIBLING_COUNT_BOUND = 10_000
 INGEST_ATTEMPTS = 3
-_PROBED_TAIL = 32  # the last nodes of a path whose state `_known_nodes` looks up every time
-_CHUNK = 500
 
 # The request path's statements, built once against the tables (Core on a plain connection: building
-# a statement and the ORM's compile and unit of work cost more per request than running them).
-_RUNS, _NODES, _MEMBERS = ModelRun.__table__, MessageNode.__table__, ConversationNode.__table__
+# a statement and the ORM's compile and unit of work cost more per request than running them). Those
+# that take a path's ids are in storage/path_reads.py.
+_RUNS, _MEMBERS = ModelRun.__table__, ConversationNode.__table__
 _ARTIFACTS = ToolArtifact.__table__
 _CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
 _PARENT_RUN = select(_RUNS.c.tenant, _RUNS.c.conversation_id).where(_RUNS.c.id == bindparam("id"))
-_KNOWN_NODES = (
-    select(_NODES.c.id, _MEMBERS.c.node_id)
-    .select_from(_NODES.outerjoin(_MEMBERS, (_MEMBERS.c.node_id == _NODES.c.id)
-                                  & (_MEMBERS.c.conversation_id == bindparam("conversation"))))
-    .where(_NODES.c.id.in_(bindparam("ids", expanding=True)))
-)
-_RUN_ENDING_AT = (  # the run whose request ended at a node
-    select(_RUNS.c.id).where(_RUNS.c.tenant == bindparam("tenant"), _RUNS.c.leaf_node_id == bindparam("leaf"))
-    .order_by(_RUNS.c.started_at.desc()).limit(1)
-)
-_ARTIFACT_FACTS = (
-    select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant)
-    .where(_ARTIFACTS.c.id.in_(bindparam("ids", expanding=True)))
-)
 _ARTIFACTS_IN_CONVERSATION = select(func.count()).select_from(
     select(_MEMBERS.c.node_id).join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id)
     .where(_MEMBERS.c.conversation_id == bindparam("conversation")).limit(bindparam("bound")).subquery()
@@ -100,49 +69,6 @@ _SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the par
            _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
 )
 _SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
-_RESULTS_OF_RUNS = select(  # by the sha256 of the content as sent, which the assembler's views carry
-    func.coalesce(_ARTIFACTS.c.original_sha256, _ARTIFACTS.c.sha256), _ARTIFACTS.c.tool_name).where(
-    _ARTIFACTS.c.captured_by_request.in_(bindparam("runs", expanding=True)), _ARTIFACTS.c.tenant == bindparam("tenant"))
-_PREVIOUS_RUN = (  # the latest earlier run that ended on one of these nodes
-    select(_RUNS.c.tokens_original, _RUNS.c.leaf_node_id, _RUNS.c.id, _RUNS.c.conversation_id)
-    .where(_RUNS.c.leaf_node_id.in_(bindparam("leaves", expanding=True)), _RUNS.c.tokens_original.is_not(None))
-    .order_by(_RUNS.c.started_at.desc()).limit(1)
-)
-# The same three reads on SQLite, handed the ids as one JSON array (`json_each`): an `IN` list of a
-# thousand parameters costs SQLAlchemy a statement rendered anew, and its DateTime reads a regex per row.
-_ARTIFACT_FACTS_SQLITE = text(
-    "SELECT id, observed_at, owner_participant FROM tool_artifacts WHERE id IN (SELECT value FROM json_each(:ids))")
-_KNOWN_NODES_SQLITE = text(
-    "SELECT message_nodes.id, conversation_nodes.node_id FROM message_nodes LEFT OUTER JOIN conversation_nodes"
-    " ON conversation_nodes.node_id = message_nodes.id AND conversation_nodes.conversation_id = :conversation"
-    " WHERE message_nodes.id IN (SELECT value FROM json_each(:ids))")
-_PREVIOUS_RUN_SQLITE = text(
-    "SELECT tokens_original, leaf_node_id, id, conversation_id FROM model_runs"
-    " WHERE leaf_node_id IN (SELECT value FROM json_each(:leaves)) AND tokens_original IS NOT NULL"
-    " ORDER BY started_at DESC LIMIT 1")
-
-
-_NAIVE_EPOCH = datetime(1970, 1, 1)
-
-
-def _sqlite_moment(value: str | datetime) -> float:
-    """Unix seconds of a DateTime as SQLite holds it (SQLAlchemy's text of a naive UTC datetime).
-
-    Exactly `as_utc(moment).timestamp()` (both divide whole microseconds by a million), without making
-    an aware datetime for every artifact of the path."""
-    if isinstance(value, str):
-        return _sqlite_text_moment(value)
-    if value.tzinfo is None:
-        return (value - _NAIVE_EPOCH).total_seconds()
-    return value.timestamp()
-
-
-@functools.lru_cache(maxsize=65536)
-def _sqlite_text_moment(value: str) -> float:
-    """`_sqlite_moment` of SQLite's text, remembered: a path's artifacts are read again on every request
-    of their conversation, each with the same text."""
-    return _sqlite_moment(datetime.fromisoformat(value))
-
 
 _CONVERSATIONS = Conversation.__table__
 # PostgreSQL: a conversation whose last activity is this recent is share-locked by a capture, not touched
@@ -155,22 +81,6 @@ _SHARE_ACTIVE_CONVERSATION = (
     .with_for_update(read=True)  # FOR SHARE
 )
 _INSERT_RUN = insert(_RUNS)
-# How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
-_KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
-_FINISH_RUN = (
-    update(_RUNS)
-    .where(_RUNS.c.id == bindparam("request_id"), _RUNS.c.status.in_(("pending", "interrupted")))
-    .values({
-        **{name: bindparam(name) for name in (
-            "status", "latency_ms", "http_status", "error_type", "error_message", "prompt_tokens",
-            "completion_tokens", "cached_tokens", "total_tokens", "cost_usd", "cost_original_usd",
-            "tokens_original", "tokens_forwarded", "cache_write_tokens", "finish_reason", "response_json",
-            "key_id", "finished_at")},
-        **{name: func.coalesce(bindparam(name, type_=_RUNS.c[name].type), _RUNS.c[name]) for name in _KEPT_UNLESS_GIVEN},
-    })
-    .returning(_RUNS.c.tenant, _RUNS.c.conversation_id)
-)
-_INSERT_ASSEMBLY = insert(ContextAssembly.__table__)
 
 # call id -> (assistant node, call, author): a result belongs to whoever made the call
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
@@ -193,7 +103,7 @@ def _open_calls(assistant: PathNode | None) -> _OpenCalls:
     return {str(c.get("id")): (assistant.id, c, author) for c in assistant.message.get("tool_calls") or []}
 
 
-class Capture(StoreBase):
+class Capture(PathReads, RunOutcomes):
     def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
         if not path:
@@ -202,8 +112,12 @@ class Capture(StoreBase):
         # What the assembly reads about the path is read after the commit, off the write lock (SQLite has
         # one writer: what is done under it is what bounds throughput); it sees this capture and any
         # committed since, as if the request had come a moment later.
-        with self.engine.connect() as connection:
-            return self._read_after_capture(connection, path, run, written)
+        try:
+            with self.engine.connect() as connection:
+                return self._read_after_capture(connection, path, run, written)
+        except Exception as exc:  # the run is stored: the caller must know it has an outcome to record
+            first_line = (str(exc).splitlines() or [""])[0][:300]
+            raise CapturedThenFailed(f"after the capture: {type(exc).__name__}: {first_line}") from exc
 
     def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> _Written:
         for attempt in range(1, INGEST_ATTEMPTS + 1):
@@ -230,12 +144,13 @@ class Capture(StoreBase):
             raise UnknownParentRequest(run.parent_request_id)
         existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
         new: list[PathNode] = []
-        node_rows, call_rows, artifact_rows, blobs = [], [], [], {}
+        node_rows, asking, artifact_rows, blobs = [], [], [], {}
         asked: PathNode | None = None  # the latest assistant message so far, whose calls are open
         open_calls: _OpenCalls = {}
         calls_of: PathNode | None = None  # whose calls `open_calls` holds (worked out for new nodes only)
         for node in path:
-            if node.message.get("role") == "assistant":
+            role = node.message.get("role")
+            if role == "assistant":
                 asked = node
             if node.id in existing:
                 continue
@@ -248,10 +163,11 @@ class Capture(StoreBase):
                 artifact_rows.append(artifact)
                 if artifact["blob_key"]:
                     blobs[artifact["blob_key"]] = raw
-            call_rows.extend(self._call_rows(connection, tenant, node, now))
+            if role == "assistant" and node.message.get("tool_calls"):
+                asking.append(node)
         self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
         self._write_blobs(connection, blobs, now)
-        self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
+        self._insert_ignoring_conflicts(connection, ToolCall, self._call_rows(connection, tenant, asking, now))
         self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
         self._insert_ignoring_conflicts(connection, ConversationNode, [
             {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
@@ -270,11 +186,7 @@ class Capture(StoreBase):
         # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
         # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
         # retry) continues the one it repeats.
-        leaves = [n.id for n in path]
-        if connection.dialect.name == "sqlite":
-            previous = connection.execute(_PREVIOUS_RUN_SQLITE, {"leaves": orjson.dumps(leaves).decode()}).first()
-        else:
-            previous = connection.execute(_PREVIOUS_RUN, {"leaves": leaves}).first()
+        previous = self._previous_run(connection, [n.id for n in path])
         return IngestResult(
             session_id=written.session_id,
             conversation_id=conversation,
@@ -324,51 +236,6 @@ class Capture(StoreBase):
             started_at=run.started_at,
         )
 
-    def _known_nodes(self, connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
-        """(the nodes of the path `ids` that exist, those of them this conversation already uses), asking
-        the database about what is new rather than about every node.
-
-        A conversation's nodes are prefix-closed: a path's nodes join it together, in the transaction
-        that captures the path, and leave it together (a deletion removes a conversation's memberships
-        whole); a node's id names its parent, so a node of the conversation brings every node before it
-        on the path. So the last `_PROBED_TAIL` nodes and a few further back (exponentially spaced) are
-        looked up; every node up to the deepest one the conversation uses is known without a look, and
-        only the unlooked nodes past it are looked up, a run proportional to what the request adds.
-        """
-        count = len(ids)
-        probes = set(range(max(0, count - _PROBED_TAIL), count))
-        back = _PROBED_TAIL
-        while back < count:
-            probes.add(count - 1 - back)
-            back *= 2
-        existing, members = self._node_states(connection, conversation, [ids[i] for i in sorted(probes)])
-        deepest = max((i for i in probes if ids[i] in members), default=-1)
-        unlooked = [ids[i] for i in range(deepest + 1, count) if i not in probes]
-        if unlooked:
-            more_existing, more_members = self._node_states(connection, conversation, unlooked)
-            existing |= more_existing
-            members |= more_members
-        known = ids[:deepest + 1]
-        return existing.union(known), members.union(known)
-
-    def _node_states(self, connection: Connection, conversation: str,
-                     ids: list[str]) -> tuple[set[str], set[str]]:
-        """(the nodes of `ids` that exist, those of them this conversation already uses), looked up."""
-        existing: set[str] = set()
-        members: set[str] = set()
-        if connection.dialect.name == "sqlite":  # one JSON parameter: no statement built per id count
-            chunks = [connection.execute(_KNOWN_NODES_SQLITE,
-                                         {"conversation": conversation, "ids": orjson.dumps(ids).decode()})]
-        else:
-            chunks = [connection.execute(_KNOWN_NODES, {"conversation": conversation, "ids": ids[start : start + _CHUNK]})
-                      for start in range(0, len(ids), _CHUNK)]
-        for rows in chunks:
-            for node, member in rows:
-                existing.add(node)
-                if member is not None:
-                    members.add(node)
-        return existing, members
-
     def _write_blobs(self, connection: Connection, blobs: dict[str, bytes], now: datetime) -> None:
         """Write large artifacts' files, each under its registry row's lock (see storage/deletion.py).
 
@@ -399,29 +266,7 @@ class Capture(StoreBase):
                                                                   "own_parent": own_parent}))
         if not child_ids:
             return {}
-        return {sha: name or "" for sha, name in connection.execute(_RESULTS_OF_RUNS, {"runs": child_ids, "tenant": tenant})}
-
-    def _artifact_facts(
-        self, connection: Connection, artifact_ids: list[str]
-    ) -> tuple[dict[str, float], dict[str, str]]:
-        observed: dict[str, float] = {}
-        owners: dict[str, str] = {}
-        if connection.dialect.name == "sqlite":
-            # One JSON parameter (no statement built per id count), and the rows fetched by the driver
-            # in one call: through SQLAlchemy's result, each of a 1,000-message path's ~500 rows cost
-            # more than SQLite took to find it. The same connection, so the same transaction.
-            cursor = connection.connection.driver_connection.execute(  # type: ignore[union-attr]
-                _ARTIFACT_FACTS_SQLITE.text, {"ids": orjson.dumps(artifact_ids).decode()})
-            for artifact_id, moment, owner in cursor.fetchall():
-                observed[artifact_id] = _sqlite_moment(moment)
-                owners[artifact_id] = owner
-            return observed, owners
-        for start in range(0, len(artifact_ids), _CHUNK):
-            rows = connection.execute(_ARTIFACT_FACTS, {"ids": artifact_ids[start : start + _CHUNK]})
-            for artifact_id, moment, owner in rows:
-                observed[artifact_id] = as_utc(moment).timestamp()
-                owners[artifact_id] = owner
-        return observed, owners
+        return self._results_of_runs(connection, tenant, child_ids)
 
     def _node_rows(
         self,
@@ -509,35 +354,30 @@ class Capture(StoreBase):
             row["content"] = self.encryption.seal(raw, artifact_aad(digest))
         return row, raw
 
-    def _call_rows(
-        self, connection: Connection, tenant: str, node: PathNode, now: datetime
-    ) -> list[dict[str, Any]]:
-        tool_calls = node.message.get("tool_calls") or []
-        if node.message.get("role") != "assistant" or not tool_calls:
-            return []
-        run_id = None
-        if node.parent_id is not None:
-            # The run whose request ended at this message's parent produced it.
-            run_id = connection.scalar(_RUN_ENDING_AT, {"tenant": tenant, "leaf": node.parent_id})
+    def _call_rows(self, connection: Connection, tenant: str, asking: list[PathNode],
+                   now: datetime) -> list[dict[str, Any]]:
+        """The rows of the tool calls of the new assistant messages `asking`, each call with the run
+        whose request ended at its message's parent (the run that produced it), looked up in one go."""
+        producers = self._runs_ending_at(connection, tenant, [n.parent_id for n in asking if n.parent_id])
         rows = []
-        for call in tool_calls:
-            function = call.get("function") or {}
-            call_id = str(call.get("id") or "")
-            pk = tool_call_pk(node.id, call_id)
-            arguments = str(function.get("arguments") or "")
-            rows.append(
-                {
+        for node in asking:
+            run_id = producers.get(node.parent_id) if node.parent_id is not None else None
+            for call in node.message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                call_id = str(call.get("id") or "")
+                pk = tool_call_pk(node.id, call_id)
+                rows.append({
                     "id": pk,
                     "tenant": tenant,
                     "node_id": node.id,
                     "call_id": call_id,
                     "name": str(function.get("name") or ""),
-                    "arguments": self.encryption.seal_text(arguments, call_arguments_aad(pk)),
+                    "arguments": self.encryption.seal_text(str(function.get("arguments") or ""),
+                                                           call_arguments_aad(pk)),
                     "key_id": self.encryption.current_id,
                     "run_id": run_id,
                     "created_at": now,
-                }
-            )
+                })
         return rows
 
     def open_run(self, run: RunStart) -> None:
@@ -580,64 +420,3 @@ class Capture(StoreBase):
                 where=table.c.last_active_at <= values.excluded.last_active_at,
             )
         connection.execute(statement, {"id": conversation, "tenant": tenant, "now": now})
-
-    def finish_run(
-        self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
-    ) -> None:
-        """Record how a run ended. Once only; but a real outcome replaces `interrupted` (a guess)."""
-        seal = self.encryption.seal_text
-        response = fast_canonical_json(outcome.response) if outcome.response else None
-        values: dict[str, Any] = {
-            "request_id": request_id,
-            "status": outcome.status,
-            "latency_ms": outcome.latency_ms,
-            "http_status": outcome.http_status,
-            "error_type": outcome.error_type,
-            "error_message": seal(outcome.error_message, run_error_aad(request_id)),
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "cached_tokens": outcome.cached_tokens,
-            "total_tokens": outcome.total_tokens,
-            "cost_usd": outcome.cost_usd,
-            "cost_original_usd": outcome.cost_original_usd,
-            "tokens_original": outcome.tokens_original,
-            "tokens_forwarded": outcome.tokens_forwarded,
-            "cache_write_tokens": outcome.cache_write_tokens,
-            "finish_reason": outcome.finish_reason,
-            "response_json": seal(response, run_response_aad(request_id)),
-            "key_id": self.encryption.current_id,
-            "finished_at": self._now(),
-            "deployment": outcome.deployment,
-            "upstream_model": outcome.upstream_model,
-            "attempts_json": fast_canonical_json(list(outcome.attempts)) if len(outcome.attempts) > 1 else None,
-        }
-        # What the assembly stores is worked out before the write lock is taken (SQLite: one writer).
-        replaced = self._replacements(assembly) if assembly is not None else []
-        assembly_row = assembly_to_row(request_id, "", assembly) if assembly is not None else None
-
-        def write(connection: Connection) -> None:
-            finished = connection.execute(_FINISH_RUN, values).first()
-            if assembly_row is not None and finished is not None:
-                tenant, conversation = finished
-                self._insert_ignoring_conflicts(connection, ForwardedMessage, [
-                    {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
-                connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
-
-        self._in_transaction(write)
-
-    def _replacements(self, assembly: AssemblyRecord) -> list[dict[str, Any]]:
-        """The messages forwarded in place of the client's, stored once per conversation (most are there
-        already: between epochs a request forwards the same memories as the one before), as rows
-        without their conversation and tenant."""
-        rows = {}
-        base = assembly.base_decisions if assembly.base_request_id is not None else None
-        notable = assembly.notable
-        now = self._now()
-        for index, message in (assembly.replaced or {}).items():
-            forwarded = notable[index].get("forwarded")
-            if base is not None and forwarded is not None and (base.get(index) or {}).get("forwarded") == forwarded:
-                continue  # the base request forwarded the same message: stored then
-            digest, data = message_digest(message)
-            sealed, key_id = self.encryption.seal_if_enabled(zlib.compress(data), forwarded_aad(digest))
-            rows[digest] = {"digest": digest, "message_zlib": sealed, "key_id": key_id, "created_at": now}
-        return list(rows.values())

@@ -14,7 +14,9 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     (psycopg passes it to the server), which is how tests get one each.
     """
     parsed = make_url(url)
-    kwargs: dict[str, Any] = {"future": True}
+    # A statement's parameters are request content (transcripts, tool results): an error's text names
+    # the statement but not what was bound to it, so neither a log line nor a run record carries them.
+    kwargs: dict[str, Any] = {"future": True, "hide_parameters": True}
     if parsed.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         engine = create_engine(url, **kwargs)

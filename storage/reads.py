@@ -65,12 +65,16 @@ class Reads(StoreBase):
 
         UnknownKey (storage/encryption.py) if they were sealed under a key this store was not given."""
         if record.blob_key:
+            return self._checked_bytes(record, b"")
+        with Session(self.engine) as session:
+            stored = session.scalar(select(ToolArtifact.content).where(ToolArtifact.id == record.id))
+        return self._checked_bytes(record, stored or b"")
+
+    def _checked_bytes(self, record: ArtifactRecord, stored: bytes) -> bytes:
+        """`artifact_bytes` of an artifact whose row's content is `stored` (ignored for a blob)."""
+        if record.blob_key:
             data = self.sealed_blobs.get(record.blob_key)
         else:
-            with Session(self.engine) as session:
-                stored = session.scalar(
-                    select(ToolArtifact.content).where(ToolArtifact.id == record.id)
-                ) or b""
             try:
                 data = self.encryption.open_artifact(stored, record.sha256)
             except Tampered as exc:
@@ -209,33 +213,22 @@ class Reads(StoreBase):
             return [run_as_dict(row, self.encryption) for row in session.scalars(query)]
 
     def path_messages(self, leaf_id: str) -> list[dict[str, Any]]:
-        """The transcript a request carried, rebuilt from its nodes and artifacts."""
+        """The transcript a request carried, rebuilt from its nodes and artifacts: one statement (the
+        path walked from its leaf, its artifacts joined), whatever the path's length."""
+        path = _path_to(leaf_id)
         with Session(self.engine) as session:
-            ids = session.execute(
-                text(
-                    "WITH RECURSIVE path(id, parent_id, depth) AS ("
-                    " SELECT id, parent_id, depth FROM message_nodes WHERE id = :leaf"
-                    " UNION ALL SELECT n.id, n.parent_id, n.depth FROM message_nodes n"
-                    " JOIN path p ON n.id = p.parent_id) SELECT id FROM path ORDER BY depth"
-                ),
-                {"leaf": leaf_id},
-            ).scalars().all()
-            nodes = {n.id: n for n in session.scalars(select(MessageNode).where(MessageNode.id.in_(ids)))}
-            artifacts = {
-                a.id: a for a in session.scalars(
-                    select(ToolArtifact).where(ToolArtifact.id.in_([n.artifact_id for n in nodes.values() if n.artifact_id]))
-                )
-            }
+            rows = session.execute(
+                select(path.c.id, path.c.key_id, path.c.message_json, path.c.artifact_id, ToolArtifact)
+                .outerjoin(ToolArtifact, ToolArtifact.id == path.c.artifact_id).order_by(path.c.depth))
             messages = []
-            for node_id in ids:
-                node = nodes[node_id]
-                message = json.loads(self.encryption.open_text(node.message_json, node_aad(node.id), node.key_id))
-                if node.artifact_id and node.artifact_id in artifacts:
-                    record = artifact_from_row(artifacts[node.artifact_id], self.encryption)
-                    raw = self.artifact_bytes(record)
+            for node_id, key_id, message_json, artifact_id, artifact in rows:
+                message = json.loads(self.encryption.open_text(message_json, node_aad(node_id), key_id))
+                if artifact is not None:
+                    record = artifact_from_row(artifact, self.encryption)
+                    raw = self._checked_bytes(record, artifact.content or b"")  # the row read here
                     message["content"] = raw.decode("utf-8", "replace") if record.content_type.startswith("text/") \
                         else json.loads(raw)
-                    message["artifact_id"] = node.artifact_id
+                    message["artifact_id"] = artifact_id
                 messages.append(message)
             return messages
 
@@ -257,3 +250,13 @@ class Reads(StoreBase):
                     "arguments": self._call_arguments(row),
                     "run_id": row.run_id,
                 }
+
+
+def _path_to(leaf_id: str) -> Any:
+    """The nodes of the path that ends at `leaf_id` (id, parent, depth, message, artifact id), as a
+    recursive CTE walked up from the leaf."""
+    nodes = MessageNode.__table__
+    columns = ("id", "parent_id", "depth", "key_id", "message_json", "artifact_id")
+    path = select(*(nodes.c[name] for name in columns)).where(nodes.c.id == leaf_id).cte("path", recursive=True)
+    parent = nodes.alias("parent")
+    return path.union_all(select(*(parent.c[name] for name in columns)).join(path, parent.c.id == path.c.parent_id))

@@ -223,6 +223,11 @@ class UnknownParentRequest(Exception):
     """A run names a parent request that is not its tenant's."""
 
 
+class CapturedThenFailed(Exception):
+    """The capture committed (the run is stored, pending) and what came after failed (the cause): the
+    run is open, and its outcome is the caller's to record."""
+
+
 class ArtifactCorrupted(Exception):
     """Stored artifact bytes no longer match their recorded sha256."""
 

@@ -1,6 +1,7 @@
 """The record store: one object over one SQLAlchemy engine and one blob store.
 
-Its parts live in their own modules: capture (`storage/capture.py`), the read
+Its parts live in their own modules: capture (`storage/capture.py`, with what it reads
+about a path in `storage/path_reads.py` and a run's outcome in `storage/run_outcomes.py`), the read
 side (`storage/reads.py`), deletion and blob collection
 (`storage/deletion.py`), retention and garbage collection (`storage/retention.py`), tenant
 purge (`storage/purge.py`), serving instances and the runs a dead one left

@@ -40,8 +40,9 @@ class WireFormat(Protocol):
     name: str  # recorded on the run: openai.chat, anthropic.messages, openai.responses
     upstream: str  # the upstream protocol its requests are forwarded in: "chat" or "messages"
 
-    def parse(self, raw: bytes) -> NeutralRequest:
-        """The checked request; raises InvalidRequest naming the field at fault."""
+    def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        """The checked request; raises InvalidRequest naming the field at fault (too_many_messages when
+        its transcript passes `max_messages` items, before they are checked)."""
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
                       stable: Sequence[int] = ()) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from gateway.cache_markers import place_markers
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.tool_additions import addition_message, insert_at
 from gateway.wire import NeutralRequest
-from gateway.wire.json_body import check_text, param_path, parse_json_object
+from gateway.wire.json_body import check_count, check_text, param_path, parse_json_object
 from policies.protocol import orphan_tool_messages
 
 NAME_MAX = 256
@@ -319,11 +319,12 @@ class AnthropicMessages:
     name = "anthropic.messages"
     upstream = "messages"
 
-    def parse(self, raw: bytes) -> NeutralRequest:
-        return parse_messages_body(parse_json_object(raw))
+    def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        return parse_messages_body(check_count(parse_json_object(raw), "messages", max_messages))
 
-    def parse_count(self, raw: bytes) -> NeutralRequest:
-        return parse_messages_body(parse_json_object(raw), needs_max_tokens=False)
+    def parse_count(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        return parse_messages_body(check_count(parse_json_object(raw), "messages", max_messages),
+                                   needs_max_tokens=False)
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return error_body(error)

@@ -144,3 +144,13 @@ def check_text(value: str, param: str) -> str:
     if _SURROGATE.search(value):
         raise InvalidRequest(f"{param}: a lone UTF-16 surrogate is not text", param=param)
     return value
+
+
+def check_count(body: dict[str, Any], key: str, limit: int | None) -> dict[str, Any]:
+    """`body`, when its transcript (the list under `key`) holds at most `limit` items (None: any number);
+    else a 400 naming the limit, before any item is checked (server.max_messages)."""
+    items = body.get(key)
+    if limit is not None and isinstance(items, list) and len(items) > limit:
+        raise InvalidRequest(f"{key}: {len(items)} items; this gateway takes at most {limit} per request"
+                             " (server.max_messages)", param=key, code="too_many_messages")
+    return body

@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.wire import NeutralRequest
-from gateway.wire.json_body import check_text, param_path, parse_json_object, parse_json_object_but, plain_item
+from gateway.wire.json_body import (
+    check_count, check_text, param_path, parse_json_object, parse_json_object_but, plain_item,
+)
 from gateway.wire.body_layouts import BodyLayouts
 from gateway.wire.seen_messages import MIN_MESSAGES, SeenMessages, message_digests
 from policies.protocol import orphan_tool_messages
@@ -208,8 +210,9 @@ class OpenAIChat:
     name = "openai.chat"
     upstream = "chat"
 
-    def parse(self, raw: bytes) -> NeutralRequest:
-        return parse_chat_body(*parse_json_object_but(raw, "messages"), raw)
+    def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        body, unread = parse_json_object_but(raw, "messages")
+        return parse_chat_body(check_count(body, "messages", max_messages), unread, raw)
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
                       stable: Sequence[int] = ()) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.wire import NeutralRequest
-from gateway.wire.json_body import check_text, param_path, parse_json_object
+from gateway.wire.json_body import check_count, check_text, param_path, parse_json_object
 from gateway.wire.openai_chat import error_body
 from policies.protocol import orphan_tool_messages
 
@@ -240,8 +240,8 @@ class OpenAIResponses:
     name = "openai.responses"
     upstream = "responses"
 
-    def parse(self, raw: bytes) -> NeutralRequest:
-        return parse_responses_body(parse_json_object(raw))
+    def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        return parse_responses_body(check_count(parse_json_object(raw), "input", max_messages))
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
                       stable: Sequence[int] = ()) -> dict[str, Any]:

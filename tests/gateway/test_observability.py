@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
+import sqlalchemy
 import yaml
 
-from gateway.logs import JsonFormatter, TextFormatter
+from gateway.logs import MAX_LINE, JsonFormatter, TextFormatter
 from scripts.processes import TENANT_KEY, Gateway, fake_upstream, free_port, write_config
 from tests.conftest import ADMIN_KEY, RunningGateway, settings_for, start_gateway
 from tests.fake_upstream import FakeUpstream
@@ -71,6 +73,30 @@ def test_formatters_carry_the_fields() -> None:
         "POST /v1/x", "req_1", 12, "ünïcode")
     text = TextFormatter().format(record)
     assert "POST /v1/x" in text and "request_id=req_1" in text and "tokens_sent=12" in text
+
+
+def test_no_line_passes_the_bound_whatever_an_error_carries() -> None:
+    """Issue 27: a database error that held a statement of 65,000 parameters made a 2 MB line. A message,
+    a traceback or a field past its share keeps its head and its tail; every line stays within MAX_LINE."""
+    statement = "SELECT id FROM model_runs WHERE leaf_node_id IN (" + ", ".join(
+        f"%(leaves_{n})s::VARCHAR" for n in range(65_000)) + ")"
+    error = sqlalchemy.exc.OperationalError(statement, None, Exception("number of parameters must be between 0 and 65535"))
+    try:
+        raise error
+    except sqlalchemy.exc.OperationalError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("gateway", logging.ERROR, __file__, 1, "unhandled error: %s", (str(error),), exc_info)
+    record.fields = {"request_id": "req_1", "path": "/v1/" + "x" * 50_000, "many": list(range(5_000))}
+    for formatter in (JsonFormatter(), TextFormatter()):
+        text = formatter.format(record)
+        assert len(text) <= MAX_LINE
+        assert "number of parameters must be between 0 and 65535" in text  # the error's own line survives
+        assert "characters cut]" in text and "unhandled error: (builtins.Exception)" in text
+    as_json = json.loads(JsonFormatter().format(record))
+    assert as_json["message"].startswith("unhandled error:") and as_json["logger"] == "gateway"
+    small = logging.LogRecord("gateway", logging.INFO, __file__, 1, "fine", (), None)
+    small.fields = {"request_id": "req_2", "path": "/v1/" + "x" * 50_000}
+    assert json.loads(JsonFormatter().format(small))["request_id"] == "req_2"  # one long field is cut alone
 
 
 def test_an_unusable_client_request_id_is_not_echoed(gateway: RunningGateway) -> None:

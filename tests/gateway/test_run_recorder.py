@@ -180,8 +180,9 @@ class _Outcomes:
     def __init__(self) -> None:
         self.outcomes: list[RunOutcome] = []
 
-    def finish_run(self, request_id: str, outcome: RunOutcome, assembly: Any = None) -> None:
+    def finish_run(self, request_id: str, outcome: RunOutcome, assembly: Any = None) -> bool:
         self.outcomes.append(outcome)
+        return True
 
 
 @pytest.mark.parametrize("exc, streaming, status, error_type", [
@@ -203,3 +204,39 @@ async def test_every_exit_maps_to_one_recorded_status(exc: BaseException | None,
     await recorder.end_for(ValueError("a second exit"))  # recorded once only
     [outcome] = store.outcomes
     assert (outcome.status, outcome.error_type) == (status, error_type)
+
+
+def _with_broken_store(gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch, method: str) -> tuple[Any, Any]:
+    """A model request while the store's `method` raises: (the answer, the run's record as the API reads it)."""
+    def broken(*args: Any) -> Any:
+        raise RuntimeError(f"{method} failed")
+
+    monkeypatch.setattr(gateway.store, method, broken)
+    with gateway.client() as http:
+        response = http.post("/v1/chat/completions", json={"model": "fake", "messages": USER})
+        monkeypatch.undo()
+        return response, http.get(f"/api/requests/{response.headers['x-gateway-request-id']}")
+
+
+def test_a_failure_after_the_capture_committed_leaves_the_run_a_final_status(
+        gateway_any_store: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27: the capture commits the run (pending), then what it reads for the assembly fails (on
+    PostgreSQL it was a statement past the bind limit): the run is recorded `internal_error`, and the
+    answer says it was recorded."""
+    response, record = _with_broken_store(gateway_any_store, monkeypatch, "_read_after_capture")
+    assert response.status_code == 500 and response.json()["error"] == {
+        "message": "The gateway hit an internal error; the request was recorded and can be retried.",
+        "type": "api_error", "param": None, "code": "internal_error"}
+    assert record.status_code == 200 and record.json()["status"] == "internal_error"
+    assert record.json()["error"] == {"type": "internal_error", "message": "CapturedThenFailed: after the capture:"
+                                      " RuntimeError: _read_after_capture failed"}
+    assert gateway_any_store.fake.requests == []  # nothing was forwarded
+
+
+def test_a_capture_that_fails_before_its_commit_is_not_claimed_recorded(
+        gateway_any_store: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture's transaction rolled back: no run is stored, and the answer does not say one was."""
+    response, record = _with_broken_store(gateway_any_store, monkeypatch, "_ingest")
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "The gateway hit an internal error; the request can be retried."
+    assert record.status_code == 404

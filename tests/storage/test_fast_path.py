@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.assembly_bases import RecentAssemblies
 from policies.assembly_types import Decision
-from storage.capture import _sqlite_moment
+from storage.path_reads import _sqlite_moment
 from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord, as_utc, message_digest, stored_decisions
 
 

@@ -2,14 +2,15 @@
 answer as looking up every node (issue 11), across branches, resends, shared prefixes and deletions."""
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
+from sqlalchemy import select
 
 from policies.transcript import message_path
 from storage.capture import conversation_id_for
-from storage.record_types import RunStart
+from storage.record_types import RunOutcome, RunStart, as_utc
+from storage.schema import ModelRun, ToolArtifact
 from storage.records import RecordStore
 from tests.conftest import make_store
 
@@ -53,31 +54,31 @@ def test_the_probed_answer_is_the_looked_up_one(store: RecordStore) -> None:
 
 def test_sqlites_json_reads_answer_as_the_generic_ones(tmp_path: Path) -> None:
     """On SQLite the artifact facts and the previous run are read with the ids as one JSON array
-    (storage/capture.py); the answer is the generic statements'."""
-    from storage import capture
-
+    (storage/path_reads.py); the answer is that of plain `IN` lists."""
     store = make_store(f"sqlite:///{tmp_path / 'g.db'}", tmp_path / "blobs")
     messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
-    ids = []
     for n in range(30):
         messages = messages + _round(n, 0)
         run = RunStart(request_id=f"req_{n:032x}", tenant="acme", participant=f"p{n % 3}", model="fake",
                        upstream_model="openai/fake", stream=False)
         store.ingest(message_path("acme", messages), run)
         if n % 4 == 0:
-            from storage.record_types import RunOutcome
             store.finish_run(run.request_id, RunOutcome(status="ok", latency_ms=1.0, tokens_original=n + 1))
-        ids.append(run.request_id)
     path = message_path("acme", messages)
     artifacts = [f"art_{node.id[:20]}" for node in path if node.message["role"] == "tool"] + ["art_missing"]
+    leaves = [node.id for node in path]
+    runs, nodes = ModelRun.__table__, ToolArtifact.__table__
     with store.engine.connect() as connection:
         fast = store._artifact_facts(connection, artifacts)
-        generic = ({}, {})
-        for artifact_id, moment, owner in connection.execute(capture._ARTIFACT_FACTS, {"ids": artifacts}):
-            generic[0][artifact_id] = capture.as_utc(moment).timestamp()
+        generic: tuple[dict, dict] = ({}, {})
+        for artifact_id, moment, owner in connection.execute(
+                select(nodes.c.id, nodes.c.observed_at, nodes.c.owner_participant).where(nodes.c.id.in_(artifacts))):
+            generic[0][artifact_id] = as_utc(moment).timestamp()
             generic[1][artifact_id] = owner
         assert fast == generic and len(fast[0]) == 30 and set(fast[1].values()) == {"p0", "p1", "p2"}
-        leaves = [node.id for node in path]
-        assert connection.execute(capture._PREVIOUS_RUN_SQLITE, {"leaves": json.dumps(leaves)}).first() == \
-            connection.execute(capture._PREVIOUS_RUN, {"leaves": leaves}).first() is not None
+        previous = connection.execute(
+            select(runs.c.tokens_original, runs.c.leaf_node_id, runs.c.id, runs.c.conversation_id)
+            .where(runs.c.leaf_node_id.in_(leaves), runs.c.tokens_original.is_not(None))
+            .order_by(runs.c.started_at.desc()).limit(1)).first()
+        assert store._previous_run(connection, leaves) == previous is not None
     store.engine.dispose()

@@ -1,0 +1,199 @@
+"""What a capture asks the database about a path, with statements that do not grow with it (issue 27).
+
+Every statement here takes its list of ids (a path's nodes, its leaves, its artifacts, the runs of a
+conversation's subagents) as one parameter: on SQLite a JSON array read by `json_each`, on PostgreSQL
+an array compared with `= ANY`. An `IN` list of one parameter per id failed past PostgreSQL's 65,535
+parameters a statement (about 65,000 messages in one request), was rendered anew by SQLAlchemy for
+every length, and was logged whole when it failed. Each statement here is built once, whatever the
+path's length.
+"""
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+
+import orjson
+from sqlalchemy import Connection, String, any_, bindparam, func, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from storage.record_types import as_utc
+from storage.schema import ConversationNode, MessageNode, ModelRun, ToolArtifact
+from storage.store_base import StoreBase
+
+_PROBED_TAIL = 32  # the last nodes of a path whose state `_known_nodes` looks up every time
+
+_RUNS, _NODES, _MEMBERS = ModelRun.__table__, MessageNode.__table__, ConversationNode.__table__
+_ARTIFACTS = ToolArtifact.__table__
+_CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
+
+
+def _any(name: str) -> Any:
+    """`= ANY` of the array parameter `name` (PostgreSQL)."""
+    return any_(bindparam(name, type_=ARRAY(String)))
+
+
+class _Statements(NamedTuple):
+    known_nodes: Any  # (conversation, ids) -> (node id, the node's id again if the conversation uses it)
+    artifact_facts: Any  # (ids) -> (id, observed_at, owner_participant)
+    previous_run: Any  # (leaves) -> the latest run that ended on one of them with tokens recorded
+    runs_ending_at: Any  # (tenant, leaves) -> (leaf, run id), oldest first
+    results_of_runs: Any  # (tenant, runs) -> (the sha256 of a result as sent, its tool's name)
+
+
+_POSTGRESQL = _Statements(
+    known_nodes=select(_NODES.c.id, _MEMBERS.c.node_id)
+    .select_from(_NODES.outerjoin(_MEMBERS, (_MEMBERS.c.node_id == _NODES.c.id)
+                                  & (_MEMBERS.c.conversation_id == bindparam("conversation"))))
+    .where(_NODES.c.id == _any("ids")),
+    artifact_facts=select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant)
+    .where(_ARTIFACTS.c.id == _any("ids")),
+    previous_run=select(_RUNS.c.tokens_original, _RUNS.c.leaf_node_id, _RUNS.c.id, _RUNS.c.conversation_id)
+    .where(_RUNS.c.leaf_node_id == _any("leaves"), _RUNS.c.tokens_original.is_not(None))
+    .order_by(_RUNS.c.started_at.desc()).limit(1),
+    runs_ending_at=select(_RUNS.c.leaf_node_id, _RUNS.c.id)
+    .where(_RUNS.c.tenant == bindparam("tenant"), _RUNS.c.leaf_node_id == _any("leaves"))
+    .order_by(_RUNS.c.started_at),
+    results_of_runs=select(func.coalesce(_ARTIFACTS.c.original_sha256, _ARTIFACTS.c.sha256), _ARTIFACTS.c.tool_name)
+    .where(_ARTIFACTS.c.captured_by_request == _any("runs"), _ARTIFACTS.c.tenant == bindparam("tenant")),
+)
+# On SQLite as text: the artifact facts are read through the driver itself (see `_artifact_facts`).
+_SQLITE = _Statements(
+    known_nodes=text(
+        "SELECT message_nodes.id, conversation_nodes.node_id FROM message_nodes LEFT OUTER JOIN conversation_nodes"
+        " ON conversation_nodes.node_id = message_nodes.id AND conversation_nodes.conversation_id = :conversation"
+        " WHERE message_nodes.id IN (SELECT value FROM json_each(:ids))"),
+    artifact_facts=text(
+        "SELECT id, observed_at, owner_participant FROM tool_artifacts WHERE id IN (SELECT value FROM json_each(:ids))"),
+    previous_run=text(
+        "SELECT tokens_original, leaf_node_id, id, conversation_id FROM model_runs"
+        " WHERE leaf_node_id IN (SELECT value FROM json_each(:leaves)) AND tokens_original IS NOT NULL"
+        " ORDER BY started_at DESC LIMIT 1"),
+    runs_ending_at=text(
+        "SELECT leaf_node_id, id FROM model_runs"
+        " WHERE tenant = :tenant AND leaf_node_id IN (SELECT value FROM json_each(:leaves)) ORDER BY started_at"),
+    results_of_runs=text(
+        "SELECT coalesce(original_sha256, sha256), tool_name FROM tool_artifacts"
+        " WHERE captured_by_request IN (SELECT value FROM json_each(:runs)) AND tenant = :tenant"),
+)
+
+
+def statements(connection: Connection) -> _Statements:
+    return _SQLITE if connection.dialect.name == "sqlite" else _POSTGRESQL
+
+
+def id_list(connection: Connection, ids: Sequence[str]) -> Any:
+    """`ids` as the one parameter of these statements: a JSON array on SQLite (written by orjson: a
+    1,000-id list by json.dumps took about 0.37 ms of CPU), a list (an array) on PostgreSQL."""
+    return orjson.dumps(list(ids)).decode() if connection.dialect.name == "sqlite" else list(ids)
+
+
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+
+
+def _sqlite_moment(value: str | datetime) -> float:
+    """Unix seconds of a DateTime as SQLite holds it (SQLAlchemy's text of a naive UTC datetime).
+
+    Exactly `as_utc(moment).timestamp()` (both divide whole microseconds by a million), without making
+    an aware datetime for every artifact of the path."""
+    if isinstance(value, str):
+        return _sqlite_text_moment(value)
+    if value.tzinfo is None:
+        return (value - _NAIVE_EPOCH).total_seconds()
+    return value.timestamp()
+
+
+@functools.lru_cache(maxsize=65536)
+def _sqlite_text_moment(value: str) -> float:
+    """`_sqlite_moment` of SQLite's text, remembered: a path's artifacts are read again on every request
+    of their conversation, each with the same text."""
+    return _sqlite_moment(datetime.fromisoformat(value))
+
+
+class PathReads(StoreBase):
+    """The reads of a capture that take a path's ids, on the capture's connection."""
+
+    def _known_nodes(self, connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
+        """(the nodes of the path `ids` that exist, those of them this conversation already uses), asking
+        the database about what is new rather than about every node.
+
+        A conversation's nodes are prefix-closed: a path's nodes join it together, in the transaction
+        that captures the path, and leave it together (a deletion removes a conversation's memberships
+        whole); a node's id names its parent, so a node of the conversation brings every node before it
+        on the path. So the last `_PROBED_TAIL` nodes and a few further back (exponentially spaced) are
+        looked up; every node up to the deepest one the conversation uses is known without a look, and
+        only the unlooked nodes past it are looked up, a run proportional to what the request adds.
+        """
+        count = len(ids)
+        probes = set(range(max(0, count - _PROBED_TAIL), count))
+        back = _PROBED_TAIL
+        while back < count:
+            probes.add(count - 1 - back)
+            back *= 2
+        existing, members = self._node_states(connection, conversation, [ids[i] for i in sorted(probes)])
+        deepest = max((i for i in probes if ids[i] in members), default=-1)
+        unlooked = [ids[i] for i in range(deepest + 1, count) if i not in probes]
+        if unlooked:
+            more_existing, more_members = self._node_states(connection, conversation, unlooked)
+            existing |= more_existing
+            members |= more_members
+        known = ids[:deepest + 1]
+        return existing.union(known), members.union(known)
+
+    def _node_states(self, connection: Connection, conversation: str,
+                     ids: list[str]) -> tuple[set[str], set[str]]:
+        """(the nodes of `ids` that exist, those of them this conversation already uses), looked up."""
+        existing: set[str] = set()
+        members: set[str] = set()
+        rows = connection.execute(statements(connection).known_nodes,
+                                  {"conversation": conversation, "ids": id_list(connection, ids)})
+        for node, member in rows:
+            existing.add(node)
+            if member is not None:
+                members.add(node)
+        return existing, members
+
+    def _artifact_facts(
+        self, connection: Connection, artifact_ids: list[str]
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """(when each artifact of `artifact_ids` was observed, in Unix seconds; who owns it)."""
+        observed: dict[str, float] = {}
+        owners: dict[str, str] = {}
+        if connection.dialect.name == "sqlite":
+            # The rows fetched by the driver in one call: through SQLAlchemy's result, each of a
+            # 1,000-message path's ~500 rows cost more than SQLite took to find it, and its DateTime
+            # reads a regex per row. The same connection, so the same transaction.
+            cursor = connection.connection.driver_connection.execute(  # type: ignore[union-attr]
+                _SQLITE.artifact_facts.text, {"ids": id_list(connection, artifact_ids)})
+            for artifact_id, moment, owner in cursor.fetchall():
+                observed[artifact_id] = _sqlite_moment(moment)
+                owners[artifact_id] = owner
+            return observed, owners
+        for artifact_id, moment, owner in connection.execute(_POSTGRESQL.artifact_facts, {"ids": artifact_ids}):
+            observed[artifact_id] = as_utc(moment).timestamp()
+            owners[artifact_id] = owner
+        return observed, owners
+
+    @staticmethod
+    def _previous_run(connection: Connection, leaves: list[str]) -> Any:
+        """(tokens_original, leaf, id, conversation) of the latest run that ended on one of `leaves`
+        with its tokens recorded (a finished run), or None."""
+        return connection.execute(statements(connection).previous_run,
+                                  {"leaves": id_list(connection, leaves)}).first()
+
+    @staticmethod
+    def _runs_ending_at(connection: Connection, tenant: str, leaves: Iterable[str]) -> Mapping[str, str]:
+        """The latest run of `tenant` whose request ended at each of `leaves` (those that have one)."""
+        wanted = list(dict.fromkeys(leaves))
+        if not wanted:
+            return {}
+        rows = connection.execute(statements(connection).runs_ending_at,
+                                  {"tenant": tenant, "leaves": id_list(connection, wanted)})
+        return {leaf: run for leaf, run in rows}  # oldest first: the latest stays
+
+    @staticmethod
+    def _results_of_runs(connection: Connection, tenant: str, runs: list[str]) -> dict[str, str]:
+        """The tool results `runs` captured, by the sha256 of the content as sent: their tools' names."""
+        rows = connection.execute(statements(connection).results_of_runs,
+                                  {"tenant": tenant, "runs": id_list(connection, runs)})
+        return {sha: name or "" for sha, name in rows}

@@ -1,0 +1,87 @@
+"""The capture's reads of a path take lists longer than PostgreSQL's 65,535 bind parameters (issue 27),
+on SQLite and on the real PostgreSQL: each list is one parameter, and the answer is the one the stored
+ids alone give."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from policies.transcript import artifact_id_for, conversation_id_for, message_path
+from storage.record_types import RunOutcome, RunStart
+from storage.records import RecordStore
+from tests.conftest import make_store
+
+PAST_THE_BIND_LIMIT = 70_000  # psycopg refuses a statement of more than 65,535 parameters
+
+
+def _round(n: int) -> list[dict]:
+    return [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{n}", "type": "function", "function": {"name": "bash", "arguments": f'{{"n": {n}}}'}}]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": f"output {n}"}]
+
+
+def _run(n: int, participant: str = "p", parent: str | None = None) -> RunStart:
+    return RunStart(request_id=f"req_{n:032x}", tenant="acme", participant=participant, model="fake",
+                    upstream_model="openai/fake", stream=False, parent_request_id=parent)
+
+
+def _padded(ids: list[str]) -> list[str]:
+    """`ids` among made-up ids (a path's length past the bind limit), the real ones spread through."""
+    made_up = [f"{n:032x}" for n in range(PAST_THE_BIND_LIMIT - len(ids))]
+    step = len(made_up) // (len(ids) + 1)
+    out: list[str] = []
+    for k, real in enumerate(ids):
+        out += made_up[k * step:(k + 1) * step] + [real]
+    return out + made_up[len(ids) * step:]
+
+
+def test_every_path_read_takes_more_ids_than_the_bind_limit(store: RecordStore) -> None:
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    for n in range(40):
+        messages += _round(n)
+        store.ingest(message_path("acme", messages), _run(n, participant=f"p{n % 3}"))
+        if n % 5 == 0:
+            store.finish_run(f"req_{n:032x}", RunOutcome(status="ok", latency_ms=1.0, tokens_original=n + 1))
+    child = message_path("acme", [{"role": "user", "content": "subtask"}, *_round(99)])
+    store.ingest(child, _run(1000, parent=f"req_{39:032x}"))  # a subagent whose parent ran in the conversation
+    path = message_path("acme", messages)
+    ids = [node.id for node in path]
+    artifacts = [artifact_id_for(node.id) for node in path if node.message["role"] == "tool"]
+    conversation = conversation_id_for("acme", None, path)
+    assert len(_padded(ids)) == PAST_THE_BIND_LIMIT and set(_padded(ids)) >= set(ids)
+    with store.engine.connect() as connection:
+        assert store._node_states(connection, conversation, _padded(ids)) == (set(ids), set(ids))
+        facts = store._artifact_facts(connection, _padded(artifacts))
+        assert facts == store._artifact_facts(connection, artifacts) and len(facts[1]) == 40
+        previous = store._previous_run(connection, _padded(ids))
+        assert previous == store._previous_run(connection, ids) and previous.id == f"req_{35:032x}"
+        ending = store._runs_ending_at(connection, "acme", _padded(ids))
+        assert ending == store._runs_ending_at(connection, "acme", ids) and len(ending) == 40
+        results = store._results_of_runs(connection, "acme", _padded([f"req_{1000:032x}"]))
+        assert list(results.values()) == ["bash"]
+
+
+def test_a_path_is_read_back_whole_whatever_its_length(store: RecordStore) -> None:
+    """`path_messages` walks the path from its leaf and joins its artifacts in one statement."""
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    for n in range(600):
+        messages += _round(n)
+    path = message_path("acme", messages)
+    store.ingest(path, _run(1))
+    assert store.path_messages(path[-1].id) == [
+        {**m, "artifact_id": artifact_id_for(node.id)} if m["role"] == "tool" else m
+        for m, node in zip(messages, path)]
+
+
+def test_calls_are_tied_to_the_runs_that_made_them_in_one_capture(tmp_path: Path) -> None:
+    """The run that produced each new assistant message (the run whose request ended at its parent) is
+    looked up for all of them at once; a message no run produced has none."""
+    store = make_store(f"sqlite:///{tmp_path / 'g.db'}", tmp_path / "blobs")
+    head = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    store.ingest(message_path("acme", head), _run(1))
+    store.ingest(message_path("acme", head + _round(0)), _run(2))
+    store.ingest(message_path("acme", head + _round(0) + _round(1) + _round(2)), _run(3))
+    calls = {call["call_id"]: call["run_id"] for call in store.iter_tool_calls("acme")}
+    # c0 answered the request that ended at the user message; c1 the one that ended at c0's result;
+    # c2 follows c1's result, where no request ended (the client sent two rounds at once)
+    assert calls == {"c0": f"req_{1:032x}", "c1": f"req_{2:032x}", "c2": None}
+    store.engine.dispose()
