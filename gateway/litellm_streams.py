@@ -19,7 +19,6 @@ shielded from the cancellation a client's disconnect brings, so it completes.
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Iterator
 
 import httpx
@@ -27,14 +26,17 @@ from litellm.llms.openai.common_utils import OpenAIAsyncHTTPClient
 
 from gateway.upstream import close_stream
 
-log = logging.getLogger("gateway.upstream")
 _DEPTH = 6  # layers looked through below the stream LiteLLM returned (text completions have five)
 
 
 def _is_layer(value: Any) -> bool:
     """Whether a value held by a stream (an attribute, a generator's local) is part of that stream."""
-    return (inspect.isasyncgen(value) or hasattr(value, "completion_stream") or isinstance(value, httpx.Response)
-            or isinstance(getattr(value, "response", None), httpx.Response) or _own_client(value) is not None)
+    try:
+        return (inspect.isasyncgen(value) or hasattr(value, "completion_stream")
+                or isinstance(value, httpx.Response) or isinstance(getattr(value, "response", None), httpx.Response)
+                or _own_client(value) is not None)
+    except Exception:  # a local whose attributes cannot be read is no stream
+        return False
 
 
 def _own_client(value: Any) -> httpx.AsyncClient | None:
