@@ -32,7 +32,7 @@ from gateway.config import ModelSettings, Settings
 from gateway.deployment_params import ROUTING_KEYS
 from gateway.errors import RateLimitExceeded, UpstreamError, UpstreamInvalidResponse, UpstreamRateLimited, \
     UpstreamTimeout, UpstreamUnavailable
-from gateway.upstream import Attempt, UpstreamClient, UpstreamRequest, WrappedUpstream
+from gateway.upstream import Attempt, UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
 from storage.ratelimit import RateLimiter
 
 _MAX_PROVIDER_WAIT = 30.0  # seconds of a provider's retry-after the gateway waits out before retrying
@@ -191,7 +191,7 @@ class RoutedUpstream(WrappedUpstream):
                 plan.answered(started)
                 return
             except UpstreamError as error:
-                await _close(events)
+                await close_stream(events)
                 await plan.failed(error, started)
                 continue
             plan.answered(started, still_open=True)
@@ -202,7 +202,7 @@ class RoutedUpstream(WrappedUpstream):
                 yield event
         finally:
             plan.closed()
-            await _close(events)
+            await close_stream(events)
 
     async def _pick(self, name: str, candidates: list[Deployment], tried: set[str],
                     tokens: int) -> Deployment | None:
@@ -411,15 +411,6 @@ class _Plan:
         backoff = min(_MAX_BACKOFF, _FIRST_BACKOFF * 2 ** max(0, tries_done - 1))
         self.wait = max(self.router.settings.router.retry_after,
                         provider_wait if provider_wait is not None else backoff)
-
-
-async def _close(events: AsyncIterator[dict[str, Any]]) -> None:
-    closing = getattr(events, "aclose", None)
-    if closing is not None:
-        try:
-            await closing()
-        except Exception:  # a broken stream's own cleanup: its error was reported already
-            pass
 
 
 def default_picker(settings: Settings) -> Picker | None:

@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Protocol
 import httpx
 
 from gateway.errors import UpstreamInvalidResponse
-from gateway.upstream import UpstreamRequest
+from gateway.upstream import UpstreamRequest, close_stream
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class DirectChat:
             except httpx.HTTPError as exc:
                 raise self._codec.transport_error(exc, call, time.monotonic() - started, stream)
             finally:
-                await response.aclose()
+                await close_stream(response)
             raise self._codec.status_error(response, call)
         return response
 
@@ -149,7 +149,7 @@ class DirectChat:
         except httpx.HTTPError as exc:
             raise self._codec.transport_error(exc, call, time.monotonic() - started, False)
         finally:
-            await response.aclose()
+            await close_stream(response)
         return self._codec.completion(response, call)
 
     async def stream(self, call: DirectCall) -> AsyncIterator[dict[str, Any]]:
@@ -173,7 +173,7 @@ class DirectChat:
         except (httpx.HTTPError, json.JSONDecodeError, ErrorEvent, EndedWithoutFinish, Repetition) as exc:
             raise self._codec.stream_error(exc, call, chunks.generated, chunks.started)
         finally:
-            await response.aclose()
+            await close_stream(response)
 
 
 @functools.lru_cache(maxsize=256)

@@ -19,7 +19,7 @@ from gateway.rehydration import Rehydrator
 from gateway.streaming import StreamAccumulator
 from gateway.threads import off_loop
 from gateway.tracing import OFF, Tracing
-from gateway.upstream import UpstreamClient, UpstreamRequest
+from gateway.upstream import UpstreamClient, UpstreamRequest, close_stream, closing
 from gateway.errors import GatewayError
 from gateway.wire import NeutralRequest
 from gateway.wire.openai_chat import OPENAI_CHAT, SSE_DONE, sse_event
@@ -53,10 +53,14 @@ class Relay(Protocol):
     def error(self, error: GatewayError) -> bytes:
         """The frame that ends a failed stream, in the stream's own terms."""
 
+    async def aclose(self) -> None:
+        """Close the upstream stream `start` opened, if `events` never ran to close it (idempotent)."""
+
 
 class FirstRound:
     """The first upstream round of a relayed stream: opened before any byte goes to the client (so
-    an error there is an ordinary HTTP error), then replayed from its first event."""
+    an error there is an ordinary HTTP error), then iterated from its first event. Whoever opens it
+    closes it (`aclose`, or `async with closing(first_round)`), however the stream ends."""
 
     def __init__(self, events: AsyncIterator[dict[str, Any]]) -> None:
         self._events = events.__aiter__()
@@ -68,11 +72,15 @@ class FirstRound:
         except StopAsyncIteration:
             self._first = None
 
-    async def replay(self) -> AsyncIterator[dict[str, Any]]:
-        if self._first is not None:
-            yield self._first
-            async for event in self._events:
-                yield event
+    def __aiter__(self) -> "FirstRound":
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        first, self._first = self._first, None
+        return first if first is not None else await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await close_stream(self._events)
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -190,15 +198,17 @@ class ChatRelay:
 
     async def events(self) -> AsyncIterator[bytes]:
         accumulator = self.accumulator
-        async for chunk, is_usage in _stream(self.upstream, self.conversation, self._first.replay()):
-            if is_usage:
-                chunk = {"id": accumulator.id, "created": accumulator.created, "model": accumulator.model, **chunk}
+        async with closing(_stream(self.upstream, self.conversation, self._first)) as chunks:
+            async for chunk, is_usage in chunks:
+                if is_usage:
+                    chunk = {"id": accumulator.id, "created": accumulator.created, "model": accumulator.model,
+                             **chunk}
+                    accumulator.add(chunk)
+                    if self.request.wants_stream_usage:
+                        yield sse_event(chunk)
+                    continue
                 accumulator.add(chunk)
-                if self.request.wants_stream_usage:
-                    yield sse_event(chunk)
-                continue
-            accumulator.add(chunk)
-            yield sse_event(chunk)
+                yield sse_event(chunk)
 
     @property
     def completion(self) -> Completion:
@@ -210,39 +220,44 @@ class ChatRelay:
     def error(self, error: GatewayError) -> bytes:
         return OPENAI_CHAT.stream_error(error)  # and no [DONE]: the stream did not complete
 
+    async def aclose(self) -> None:
+        await self._first.aclose()
+
 
 async def _stream(
     upstream: UpstreamClient, conversation: Conversation, first_round: AsyncIterator[dict[str, Any]]
 ) -> AsyncIterator[tuple[dict[str, Any], bool]]:
-    """(chunk, is_usage) pairs for the client; rounds that call the gateway's tool are hidden."""
+    """(chunk, is_usage) pairs for the client; rounds that call the gateway's tool are hidden. Each
+    round's upstream stream is closed when the round ends, whatever ends it."""
     chunks = first_round
     while True:
         rehydrator = conversation.rehydrator
         accumulator = StreamAccumulator()
         held: list[dict[str, Any]] = []  # tool-call and finish chunks, released when the round ends
         hidden = False
-        async for chunk in chunks:
-            accumulator.add(chunk)
-            if chunk.get("usage") and not chunk.get("choices"):
-                conversation.usage = add_usage(conversation.usage, chunk["usage"])
-                continue
-            if chunk.get("usage"):
-                conversation.usage = add_usage(conversation.usage, chunk["usage"])
-                chunk = {k: v for k, v in chunk.items() if k != "usage"}
-            if rehydrator is None:
-                yield chunk, False
-                continue
-            if any(rehydrator.is_call(c) for c in _delta_calls(chunk)) or any(
-                    (accumulator.tool_calls.get(i) or {}).get("function", {}).get("name") == rehydrator.name
-                    for i in accumulator.tool_calls):
-                hidden = True  # recognised as soon as the name arrives
-            if _delta_calls(chunk) or _finish(chunk):
-                held.append(_without_content(chunk, keep_content=False))
-                if _content(chunk) and not hidden:
-                    yield _without_content(chunk, keep_content=True, drop_calls=True), False
-                continue
-            if not hidden:
-                yield chunk, False
+        async with closing(chunks):
+            async for chunk in chunks:
+                accumulator.add(chunk)
+                if chunk.get("usage") and not chunk.get("choices"):
+                    conversation.usage = add_usage(conversation.usage, chunk["usage"])
+                    continue
+                if chunk.get("usage"):
+                    conversation.usage = add_usage(conversation.usage, chunk["usage"])
+                    chunk = {k: v for k, v in chunk.items() if k != "usage"}
+                if rehydrator is None:
+                    yield chunk, False
+                    continue
+                if any(rehydrator.is_call(c) for c in _delta_calls(chunk)) or any(
+                        (accumulator.tool_calls.get(i) or {}).get("function", {}).get("name") == rehydrator.name
+                        for i in accumulator.tool_calls):
+                    hidden = True  # recognised as soon as the name arrives
+                if _delta_calls(chunk) or _finish(chunk):
+                    held.append(_without_content(chunk, keep_content=False))
+                    if _content(chunk) and not hidden:
+                        yield _without_content(chunk, keep_content=True, drop_calls=True), False
+                    continue
+                if not hidden:
+                    yield chunk, False
         message = accumulator.message()
         calls = [c for c in message.get("tool_calls") or [] if rehydrator and rehydrator.is_call(c)]
         if rehydrator is None or not calls:

@@ -1,5 +1,7 @@
 """`UpstreamClient` over LiteLLM (with the other gateway/litellm_*.py modules, the only ones that import
-it): one `litellm` call per request, its arguments under one rule (gateway/litellm_params.py).
+it): one `litellm` call per request, its arguments under one rule (gateway/litellm_params.py). Every
+stream it opens is closed when its reader stops, whatever stops it (gateway/litellm_streams.py for
+LiteLLM's, `closing` for the direct transport's).
 
 LiteLLM is configured per call (no global callback lists, no module flags
 beyond the offline environment set before import), so concurrent requests
@@ -29,9 +31,10 @@ from gateway.litellm_base import PRICING_KEYS, litellm, map_error
 from gateway.litellm_direct import OpenAIDirectCodec, direct_route, direct_wanted, openai_http_client, openai_request
 from gateway.litellm_messages import MessageMemo
 from gateway.litellm_params import NAMED, chat_by_name, split_body
+from gateway.litellm_streams import LiteLLMStream
 from gateway.threads import off_loop
 from gateway.upstream_errors import client_message
-from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest
+from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest, closing
 from storage.canonical import compact_json_bytes
 
 def _deployment_key(params: Mapping[str, Any]) -> str:
@@ -237,11 +240,12 @@ class LiteLLMUpstream:
                     yield event
                 return
             frames = SseFrames()
-            async for chunk in stream:
-                for event in frames.feed(chunk):
-                    if event.get("type") == "error":
-                        raise event_error(event)
-                    yield event
+            async with LiteLLMStream(stream) as chunks:
+                async for chunk in chunks:
+                    for event in frames.feed(chunk):
+                        if event.get("type") == "error":
+                            raise event_error(event)
+                        yield event
         except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
@@ -264,12 +268,14 @@ class LiteLLMUpstream:
     async def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         try:
             stream = await litellm.aresponses(**self._responses_kwargs(request, stream=True))
-            async for event in stream:
-                data = event if isinstance(event, dict) else event.model_dump(warnings=False)
-                if data.get("type") == "error":
-                    said = client_message(str(data.get("message") or ""))
-                    raise upstream_error_for_status(502, f"upstream: {said or 'the provider sent an error event'}")
-                yield _drop_none(data, _KEEP_NULL)
+            async with LiteLLMStream(stream) as events:
+                async for event in events:
+                    data = event if isinstance(event, dict) else event.model_dump(warnings=False)
+                    if data.get("type") == "error":
+                        said = client_message(str(data.get("message") or ""))
+                        raise upstream_error_for_status(
+                            502, f"upstream: {said or 'the provider sent an error event'}")
+                    yield _drop_none(data, _KEEP_NULL)
         except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
@@ -302,9 +308,9 @@ class LiteLLMUpstream:
         # recorded with its tokens and cost; the caller passes the usage chunk on only if the client asked.
         kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
         try:
-            chunks = await litellm.atext_completion(**kwargs, stream=True)
-            async for chunk in chunks:
-                yield _drop_none(chunk if isinstance(chunk, dict) else chunk.model_dump(), _KEEP_NULL)
+            async with LiteLLMStream(await litellm.atext_completion(**kwargs, stream=True)) as chunks:
+                async for chunk in chunks:
+                    yield _drop_none(chunk if isinstance(chunk, dict) else chunk.model_dump(), _KEEP_NULL)
         except GatewayError:  # ours (a refused field, an invalid answer): as it is
             raise
         except Exception as exc:
@@ -316,8 +322,9 @@ class LiteLLMUpstream:
         await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok", api_key="-")
         stream = await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok",
                                            api_key="-", stream=True)
-        async for _ in stream:
-            pass
+        async with LiteLLMStream(stream) as chunks:
+            async for _ in chunks:
+                pass
 
     async def _direct_call_built(self, request: UpstreamRequest, stream: bool) -> DirectCall | None:
         """`_direct_call`, on a worker thread for a long transcript: LiteLLM's preparation walks every
@@ -341,21 +348,22 @@ class LiteLLMUpstream:
     async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         call = await self._direct_call_built(request, stream=True)
         if call is not None and self._direct is not None:
-            async for chunk in self._direct.stream(call):
-                yield _chunk_out(chunk)
+            async with closing(self._direct.stream(call)) as direct:
+                async for chunk in direct:
+                    yield _chunk_out(chunk)
             return
         try:
-            chunks = await litellm.acompletion(**self._kwargs(request, stream=True))
             received = 0
-            async for chunk in chunks:
-                received += 1
-                out = _chunk_out(chunk.model_dump())
-                if _finishes(out) and not _provider_finished(chunks):
-                    # LiteLLM makes up a closing chunk when the body held no events at all
-                    # (a JSON or HTML answer to a streaming request): that is no completion.
-                    raise UpstreamInvalidResponse(
-                        f"upstream: the stream held no completion events ({_content_type(chunks)})")
-                yield out
+            async with LiteLLMStream(await litellm.acompletion(**self._kwargs(request, stream=True))) as chunks:
+                async for chunk in chunks:
+                    received += 1
+                    out = _chunk_out(chunk.model_dump())
+                    if _finishes(out) and not _provider_finished(chunks.stream):
+                        # LiteLLM makes up a closing chunk when the body held no events at all
+                        # (a JSON or HTML answer to a streaming request): that is no completion.
+                        raise UpstreamInvalidResponse(
+                            f"upstream: the stream held no completion events ({_content_type(chunks.stream)})")
+                    yield out
             if not received:
                 raise UpstreamInvalidResponse("upstream: the stream ended before any completion event")
         except GatewayError:  # ours (a refused field, an invalid answer): as it is

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.forwarding import Completion, Conversation, FirstRound
 from gateway.rehydration import Rehydrator
-from gateway.upstream import UpstreamClient
+from gateway.upstream import UpstreamClient, closing
 from gateway.wire import NeutralRequest
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES, sse
 
@@ -140,7 +140,7 @@ class MessagesRelay:
         return self._next_index - 1
 
     async def events(self) -> AsyncIterator[bytes]:
-        events = self._first.replay()
+        events: AsyncIterator[dict[str, Any]] = self._first
         first = True
         while True:
             current = _Round()
@@ -149,40 +149,41 @@ class MessagesRelay:
             delta: dict[str, Any] = {}
             usage: dict[str, Any] = {}  # this round's: message_start's, overridden by message_delta's final counts
             stopped = False
-            async for event in events:
-                kind = event.get("type")
-                if kind == "message_start":
-                    started = (event.get("message") or {}).get("usage") or {}
-                    usage.update({k: v for k, v in started.items() if k != "output_tokens"})
-                    if first:
-                        self.message = dict(event.get("message") or {})
+            async with closing(events):  # the round's stream, also when it ends early
+                async for event in events:
+                    kind = event.get("type")
+                    if kind == "message_start":
+                        started = (event.get("message") or {}).get("usage") or {}
+                        usage.update({k: v for k, v in started.items() if k != "output_tokens"})
+                        if first:
+                            self.message = dict(event.get("message") or {})
+                            yield sse(event)
+                    elif kind == "ping":
                         yield sse(event)
-                elif kind == "ping":
-                    yield sse(event)
-                elif kind == "content_block_start":
-                    index, block = event["index"], event.get("content_block") or {}
-                    current.start(index, block)
-                    if block.get("type") == "tool_use":
-                        held[index] = [event]
-                    else:
-                        shown[index] = self._index()
-                        yield sse({**event, "index": shown[index]})
-                elif kind in ("content_block_delta", "content_block_stop"):
-                    index = event["index"]
-                    if kind == "content_block_delta":
-                        current.delta(index, event.get("delta") or {})
-                    if index in held:
-                        held[index].append(event)
-                    else:
-                        if index not in shown:  # a delta without its start: still one block for the client
+                    elif kind == "content_block_start":
+                        index, block = event["index"], event.get("content_block") or {}
+                        current.start(index, block)
+                        if block.get("type") == "tool_use":
+                            held[index] = [event]
+                        else:
                             shown[index] = self._index()
-                        yield sse({**event, "index": shown[index]})
-                elif kind == "message_delta":
-                    delta = event
-                    usage.update(event.get("usage") or {})
-                elif kind == "message_stop":
-                    stopped = True
-                    break
+                            yield sse({**event, "index": shown[index]})
+                    elif kind in ("content_block_delta", "content_block_stop"):
+                        index = event["index"]
+                        if kind == "content_block_delta":
+                            current.delta(index, event.get("delta") or {})
+                        if index in held:
+                            held[index].append(event)
+                        else:
+                            if index not in shown:  # a delta without its start: still one block for the client
+                                shown[index] = self._index()
+                            yield sse({**event, "index": shown[index]})
+                    elif kind == "message_delta":
+                        delta = event
+                        usage.update(event.get("usage") or {})
+                    elif kind == "message_stop":
+                        stopped = True
+                        break
             if not stopped:
                 raise UpstreamInvalidResponse("upstream: the stream ended before message_stop")
             self.usage = add_usage(self.usage, usage)
@@ -192,7 +193,7 @@ class MessagesRelay:
             self.visible += [by_index[i] for i in sorted(shown)]
             if calls and self.conversation.more_rounds_allowed():
                 self.conversation.extend(*_hidden_round(blocks, calls, await self.conversation.answer(calls)))
-                events = self.upstream.stream_messages(self.conversation.request).__aiter__()
+                events = self.upstream.stream_messages(self.conversation.request)
                 first = False
                 continue
             for index in sorted(held):
@@ -218,3 +219,6 @@ class MessagesRelay:
 
     def error(self, error: GatewayError) -> bytes:
         return ANTHROPIC_MESSAGES.stream_error(error)
+
+    async def aclose(self) -> None:
+        await self._first.aclose()

@@ -20,7 +20,7 @@ from gateway.pipeline import SESSION_HEADERS, check_limits, header_value, model_
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
 from gateway.services import Services
-from gateway.upstream import UpstreamRequest
+from gateway.upstream import UpstreamRequest, closing
 from gateway.wire.json_body import check_text, param_path, parse_json_object
 from gateway.wire.openai_chat import SSE_DONE, error_body, sse_event
 from storage.record_types import RunStart
@@ -115,13 +115,14 @@ async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRe
         last: dict[str, Any] = {}
         finish = None
         try:
-            async for chunk in chunks.replay():
-                choices = chunk.get("choices") or []
-                last = {**last, **{k: v for k, v in chunk.items() if v is not None and k != "choices"}}
-                text += [c.get("text") or "" for c in choices]
-                finish = next((c["finish_reason"] for c in choices if c.get("finish_reason")), finish)
-                if choices or wants_usage or not chunk.get("usage"):
-                    yield sse_event(chunk)
+            async with closing(chunks):
+                async for chunk in chunks:
+                    choices = chunk.get("choices") or []
+                    last = {**last, **{k: v for k, v in chunk.items() if v is not None and k != "choices"}}
+                    text += [c.get("text") or "" for c in choices]
+                    finish = next((c["finish_reason"] for c in choices if c.get("finish_reason")), finish)
+                    if choices or wants_usage or not chunk.get("usage"):
+                        yield sse_event(chunk)
             answer = {**last, "choices": [{"index": 0, "text": "".join(text), "finish_reason": finish}]}
             await recorder.succeed(_completion(recorder, answer))
             yield SSE_DONE
@@ -132,4 +133,4 @@ async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRe
             await recorder.fail(internal_error(exc), status="internal_error")
             yield sse_event(error_body(internal_error(exc, recorder.recorded)))
 
-    return RecordedStream(events(), recorder, headers)
+    return RecordedStream(events(), recorder, headers, close=chunks.aclose)

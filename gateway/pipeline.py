@@ -35,7 +35,7 @@ from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, internal_error, outcomes_written
 from gateway.services import Services
 from gateway.threads import off_loop
-from gateway.upstream import Attempt, UpstreamRequest
+from gateway.upstream import Attempt, UpstreamRequest, closing
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
 from gateway.wire.openai_responses import check_pairs, output_to_neutral
@@ -415,8 +415,9 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            async for data in relay.events():
-                yield data
+            async with closing(relay.events()) as frames:
+                async for data in frames:
+                    yield data
             outcome = recorder.success(relay.completion)
             yield relay.terminal()  # the client has everything before the store is written
             await recorder.finish(outcome)
@@ -428,4 +429,4 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
             services.metrics.observe_error("internal_error", "/v1/")
             yield relay.error(internal_error(exc, recorder.recorded))
 
-    return RecordedStream(events(), recorder, headers)
+    return RecordedStream(events(), recorder, headers, close=relay.aclose)

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.forwarding import Completion, Conversation, FirstRound
 from gateway.rehydration import Rehydrator
-from gateway.upstream import UpstreamClient
+from gateway.upstream import UpstreamClient, closing
 from gateway.wire import NeutralRequest
 from gateway.wire.openai_responses import error_event, sse
 
@@ -131,7 +131,7 @@ class ResponsesRelay:
         return _as_clients(response, self.response_id, self.conversation)
 
     async def events(self) -> AsyncIterator[bytes]:
-        events = self._first.replay()
+        events: AsyncIterator[dict[str, Any]] = self._first
         first = True
         while True:
             offset = len(self.output)
@@ -139,30 +139,32 @@ class ResponsesRelay:
             held: dict[int, list[dict[str, Any]]] = {}
             items: dict[int, dict[str, Any]] = {}
             terminal: dict[str, Any] | None = None
-            async for event in events:
-                kind = event.get("type")
-                if kind in ("response.created", "response.in_progress", "response.queued"):
-                    if first:
-                        self.response = self._ours(event.get("response") or {})
-                        yield self._emit({**event, "response": self.response})
-                    continue
-                if kind in _TERMINAL:
-                    terminal = event
-                    break
-                index = event.get("output_index")
-                if index is None:
-                    yield self._emit(event)
-                    continue
-                if kind == "response.output_item.added" and (event.get("item") or {}).get("type") == "function_call":
-                    held[index] = []
-                if kind == "response.output_item.done":
-                    items[index] = event.get("item") or {}
-                if index in held:
-                    held[index].append(event)
-                    continue
-                if index not in shown:
-                    shown[index] = offset + len(shown)
-                yield self._emit({**event, "output_index": shown[index]})
+            async with closing(events):  # the round's stream, also when it ends early
+                async for event in events:
+                    kind = event.get("type")
+                    if kind in ("response.created", "response.in_progress", "response.queued"):
+                        if first:
+                            self.response = self._ours(event.get("response") or {})
+                            yield self._emit({**event, "response": self.response})
+                        continue
+                    if kind in _TERMINAL:
+                        terminal = event
+                        break
+                    index = event.get("output_index")
+                    if index is None:
+                        yield self._emit(event)
+                        continue
+                    item_type = (event.get("item") or {}).get("type")
+                    if kind == "response.output_item.added" and item_type == "function_call":
+                        held[index] = []
+                    if kind == "response.output_item.done":
+                        items[index] = event.get("item") or {}
+                    if index in held:
+                        held[index].append(event)
+                        continue
+                    if index not in shown:
+                        shown[index] = offset + len(shown)
+                    yield self._emit({**event, "output_index": shown[index]})
             if terminal is None:
                 raise UpstreamInvalidResponse("upstream: the stream ended before response.completed")
             response = terminal.get("response") or {}
@@ -172,7 +174,7 @@ class ResponsesRelay:
             self.output += [items.get(i, {}) for i in sorted(shown)]
             if calls and self.conversation.more_rounds_allowed() and terminal.get("type") == "response.completed":
                 await _answer_round(self.conversation, output, calls)
-                events = self.upstream.stream_responses(self.conversation.request).__aiter__()
+                events = self.upstream.stream_responses(self.conversation.request)
                 first = False
                 continue
             call_ids = {c.get("call_id") for c in calls}
@@ -199,3 +201,6 @@ class ResponsesRelay:
     def error(self, error: GatewayError) -> bytes:
         """The `error` event that ends the stream, numbered after the events before it."""
         return self._emit(error_event(error))
+
+    async def aclose(self) -> None:
+        await self._first.aclose()

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 from starlette.requests import ClientDisconnect
@@ -205,11 +205,18 @@ def recorders_of(scope: Scope) -> list[RunRecorder]:
 
 
 class RecordedStream(StreamingResponse):
-    """A streamed answer whose run is finished however the stream ends."""
+    """A streamed answer whose run is finished, and whose upstream stream is closed, however it ends.
 
-    def __init__(self, events: AsyncIterator[bytes], recorder: RunRecorder, headers: Mapping[str, str]) -> None:
+    `events` closes the upstream streams it opens; `close` closes the one opened before it (the first
+    round, opened to answer its errors as plain HTTP errors), which `events` never reaches if the
+    response ends before it starts.
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], recorder: RunRecorder, headers: Mapping[str, str],
+                 close: Callable[[], Awaitable[None]] | None = None) -> None:
         recorder.streaming = True
         self.recorder = recorder
+        self.close_upstream = close
         super().__init__(events, media_type="text/event-stream",
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
 
@@ -230,6 +237,8 @@ class RecordedStream(StreamingResponse):
                         await close()  # stops the upstream stream it was reading
                     except Exception:
                         log.exception("closing the stream of run %s", self.recorder.start.request_id)
+                if self.close_upstream is not None:
+                    await self.close_upstream()
                 await self.recorder.end_for(failure, streaming=True)
 
 

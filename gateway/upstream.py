@@ -1,8 +1,16 @@
 """The narrow interface to model providers: one call, streaming or not."""
 from __future__ import annotations
 
+import inspect
+import logging
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
+from typing import Any, AsyncIterator, Mapping, Protocol, Sequence, TypeVar
+
+import anyio
+
+log = logging.getLogger("gateway.upstream")
+_Stream = TypeVar("_Stream")
 
 # The run's id (`UpstreamRequest.request_id`), sent by the upstream client with every call (OpenAI
 # keeps this header in its own logs, so a support lookup there finds the run).
@@ -119,3 +127,29 @@ class WrappedUpstream:
         close = getattr(self.inner, "aclose", None)
         if close is not None:
             await close()
+
+
+async def close_stream(stream: Any) -> None:
+    """Close a stream (`aclose()`, else an awaitable `close()`), however it ended. Shielded: a client that
+    goes away cancels its request, and an unshielded close would be cancelled at its first await, leaving
+    the upstream connection open. Quiet: a broken stream's own cleanup fails too, and its error was reported."""
+    close = getattr(stream, "aclose", None) or getattr(stream, "close", None)
+    if close is None:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            closed = close()
+            if inspect.isawaitable(closed):
+                await closed
+        except Exception as exc:
+            log.debug("closing %s: %s", type(stream).__name__, exc)
+
+
+@asynccontextmanager
+async def closing(stream: _Stream) -> AsyncIterator[_Stream]:
+    """`async with closing(events) as events:` the stream is closed on leaving the block, whatever the
+    exit (its end, an error, a `GeneratorExit` at a `yield` inside, a cancellation)."""
+    try:
+        yield stream
+    finally:
+        await close_stream(stream)

@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from gateway import messages_forwarding, responses_forwarding
 from gateway.tracing import PROPAGATOR, mark_failed
-from gateway.upstream import UpstreamClient, UpstreamRequest, WrappedUpstream
+from gateway.upstream import UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
 
 _MAX_TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _RESPONSES_TERMINAL = ("response.completed", "response.failed", "response.incomplete")
@@ -226,9 +226,7 @@ class TracedUpstream(WrappedUpstream):
             raise
         finally:
             call.end()
-            close = getattr(events, "aclose", None)
-            if close is not None:
-                await close()
+            await close_stream(events)
 
     async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
         return await self._call("chat", "chat", request, self.inner.complete, _chat_answer)

@@ -37,6 +37,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT",
+               "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def open_fds(pid: int) -> int:
+    """How many file descriptors a process holds (Linux: /proc/<pid>/fd)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def sockets_to(pid: int, port: int) -> dict[str, int]:
+    """The TCP sockets a process holds whose peer is on `port`, counted by state (ESTABLISHED,
+    CLOSE_WAIT, ...): /proc/<pid>/fd names each socket's inode, /proc/<pid>/net/tcp{,6} its peer and state."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    counts: dict[str, int] = {}
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                state = _TCP_STATES.get(fields[3], fields[3])
+                counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
 def wait_until_up(url: str, seconds: float = 60.0, process: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -162,6 +162,8 @@ def add_responses_routes(app: FastAPI, state: "FakeState") -> None:
             state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
                                    "path": "/v1/completions"})
         step = state.next_step()
+        if step.delay:
+            await asyncio.sleep(step.delay)
         if step.status != 200:
             return JSONResponse({"error": step.error or {"message": "scripted", "type": "api_error"}},
                                 status_code=step.status)
@@ -175,10 +177,13 @@ def add_responses_routes(app: FastAPI, state: "FakeState") -> None:
                     "usage": usage}
 
         async def chunks() -> Any:
-            for start in range(0, len(text), 5):
+            for sent, start in enumerate(range(0, len(text), 5)):
+                if step.break_stream_after is not None and sent >= step.break_stream_after:
+                    raise RuntimeError("scripted broken stream")
                 piece = {**base, "choices": [{"index": 0, "text": text[start : start + 5], "finish_reason": None,
                                               "logprobs": None}]}
                 yield f"data: {json.dumps(piece)}\n\n"
+                await asyncio.sleep(step.chunk_delay)
             yield f"data: {json.dumps({**base, 'choices': [{'index': 0, 'text': '', 'finish_reason': 'stop', 'logprobs': None}], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
 

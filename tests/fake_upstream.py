@@ -8,7 +8,8 @@ arguments split across chunks as providers do.
 
 In-process: `with FakeUpstream() as fake: fake.script_message(...)`.
 Standalone: `python tests/fake_upstream.py --port 18080`, driven over
-`POST /_script`, `GET /_requests`, `POST /_reset`.
+`POST /_script`, `POST /_default` (the step of every unscripted answer),
+`GET /_requests`, `POST /_reset`.
 """
 from __future__ import annotations
 
@@ -63,10 +64,13 @@ class FakeState:
     responder: Any = None
     responses_responder: Any = None  # the same for /v1/responses
     keep_requests: int | None = None  # standalone: remember only the latest N requests
+    default_step: dict[str, Any] | None = None  # the step of every unscripted answer (POST /_default)
 
     def next_step(self) -> Step:
         with self.lock:
-            return self.script.pop(0) if self.script else Step(delay=self.default_delay)
+            if self.script:
+                return self.script.pop(0)
+            return Step(**self.default_step) if self.default_step is not None else Step(delay=self.default_delay)
 
 
 def _message_tokens(message: dict[str, Any]) -> int:
@@ -118,6 +122,15 @@ def build_app(state: FakeState) -> FastAPI:
             state.script.append(Step(**body))
         return {"queued": len(state.script)}
 
+    @app.post("/_default")
+    async def default(request: Request) -> dict[str, bool]:
+        """The step every unscripted answer takes from now on (`{}`: the plain "ok" again)."""
+        body = await request.json()
+        Step(**body)  # checked now, not on the next answer
+        with state.lock:
+            state.default_step = body or None
+        return {"ok": True}
+
     @app.post("/_reset")
     async def reset() -> dict[str, bool]:
         with state.lock:
@@ -125,6 +138,7 @@ def build_app(state: FakeState) -> FastAPI:
             state.requests.clear()
             state.anthropic_cache.clear()
             state.tool_changes = True
+            state.default_step = None
         return {"ok": True}
 
     @app.get("/_requests")
@@ -244,6 +258,7 @@ class FakeUpstream:
             self.state.requests.clear()
             self.state.anthropic_cache.clear()
             self.state.tool_changes = True
+            self.state.default_step = None
 
     def script(self, **step: Any) -> None:
         with self.state.lock:
