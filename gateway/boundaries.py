@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.metrics import GatewayMetrics
-from gateway.run_recorder import internal_error
+from gateway.run_recorder import internal_error, runs_recorded
 from gateway.wire.formats import error_response
 
 log = logging.getLogger("gateway")
@@ -80,8 +80,12 @@ class ErrorBoundary:
         except ClientDisconnect:
             return  # nobody left to answer
         except Exception as exc:
-            log.exception("unhandled error on %s", scope.get("path"))
-            self.metrics.observe_error("internal_error", scope.get("path", ""))
+            error = internal_error(exc, runs_recorded(scope))
+            if error.status_code == 503:  # the database is away: the housekeeping says so, once
+                log.debug("%s on %s: %s", error.code, scope.get("path"), error.detail)
+            else:
+                log.exception("unhandled error on %s", scope.get("path"))
+            self.metrics.observe_error(error.code or error.error_type, scope.get("path", ""))
             if started:
                 return  # the answer is under way; the server ends the broken response
-            await error_response(scope.get("path", ""), internal_error(exc))(scope, receive, send)
+            await error_response(scope.get("path", ""), error)(scope, receive, send)

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from gateway import outcomes
 from gateway.assembly_bases import RecentAssemblies
 from gateway.budgets import Budgets
-from gateway.errors import GatewayError, InternalError
+from gateway.errors import GatewayError, InternalError, ServiceUnavailable
 from gateway.forwarding import Completion
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Accounting
@@ -35,6 +35,7 @@ from gateway.threads import off_loop
 from gateway.upstream import Attempt
 from policies.transcript import PathNode
 from storage.record_types import AssemblyRecord, IngestResult, RunOutcome, RunStart
+from storage.database import unavailable
 from storage.records import RecordStore
 
 log = logging.getLogger("gateway.runs")
@@ -56,10 +57,23 @@ async def outcomes_written() -> None:
 _SETTLE_SECONDS = 10.0
 
 
-def internal_error(exc: BaseException) -> InternalError:
-    """What the client is told, and the run records, for a fault of the gateway itself."""
-    return InternalError("The gateway hit an internal error; the request was recorded and can be retried.",
-                         detail=f"{type(exc).__name__}: {exc}"[:1000])
+def internal_error(exc: BaseException, recorded: bool) -> GatewayError:
+    """What the client is told, and the run records, for an exception that is no `GatewayError`: the
+    database being away (503), else a fault of the gateway itself (500). It says whether the run was
+    recorded, which the caller knows."""
+    kept = "the request was recorded and can be retried" if recorded else \
+        "the request was not recorded and can be retried"
+    detail = f"{type(exc).__name__}: {exc}"[:1000]
+    if unavailable(exc) is not None:
+        return ServiceUnavailable(f"The gateway's database is unavailable; {kept}.", code="storage_unavailable",
+                                  detail=detail)
+    return InternalError(f"The gateway hit an internal error; {kept}.", detail=detail)
+
+
+def runs_recorded(scope: Scope) -> bool:
+    """Whether this request started a run and every run it started has its outcome written."""
+    runs = recorders_of(scope)
+    return bool(runs) and all(r.recorded for r in runs)
 
 
 class RunRecorder:
@@ -77,6 +91,7 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.opened = False  # the pending run is committed
         self.finished = False
+        self.recorded = False  # the outcome is written
         self.outcome: RunOutcome | None = None  # as recorded (the access log reads it)
         self.streaming = False  # handed to a RecordedStream, which finishes it
         self.attempts: list[Attempt] = []  # every upstream try (gateway/deployments.py), the answer last
@@ -111,9 +126,15 @@ class RunRecorder:
         try:
             with anyio.CancelScope(shield=True):  # a cancelled request still records its end
                 await off_loop(self.store.finish_run, self.start.request_id, outcome, self.assembly)
-        except Exception:  # the store is down: the run stays pending until the next start settles it
-            log.exception("could not record the outcome of run %s", self.start.request_id)
+        except Exception as exc:  # the store is down: the run stays pending until the next start settles it
+            why = unavailable(exc)
+            if why is None:
+                log.exception("could not record the outcome of run %s", self.start.request_id)
+            else:
+                log.error("could not record the outcome of run %s: the database is unavailable (%s)",
+                          self.start.request_id, why)
         else:
+            self.recorded = True
             self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
             if self.budgets is not None and outcome.cost_usd:
                 with anyio.CancelScope(shield=True):
@@ -157,6 +178,11 @@ class RunRecorder:
     async def fail(self, error: GatewayError, status: str = "error") -> None:
         await self.finish(outcomes.failure(error, self.started, self.accounting, status=status))
 
+    async def fail_internally(self, exc: Exception) -> GatewayError:
+        """Record `exc` as the run's fault; what to tell the client (whether the outcome was written)."""
+        await self.fail(internal_error(exc, recorded=True), status="internal_error")
+        return internal_error(exc, self.recorded)
+
     async def end_for(self, exc: BaseException | None, *, streaming: bool = False) -> None:
         """The outcome an exception (or none at all) implies, if no other was recorded."""
         if self.finished or not self.opened:
@@ -169,7 +195,7 @@ class RunRecorder:
             message = "the client closed the stream" if streaming else "the request was cancelled"
             await self.fail(GatewayError(message, code=status), status=status)
         elif isinstance(exc, Exception):
-            await self.fail(internal_error(exc), status="internal_error")
+            await self.fail_internally(exc)
         else:
             error = GatewayError("the request ended without recording an outcome", code="interrupted")
             await self.fail(error, status="interrupted")
