@@ -57,12 +57,16 @@ async def outcomes_written() -> None:
 _SETTLE_SECONDS = 10.0
 
 
-def internal_error(exc: BaseException, recorded: bool) -> GatewayError:
+def internal_error(exc: BaseException, recorded: bool, opened: bool = False) -> GatewayError:
     """What the client is told, and the run records, for an exception that is no `GatewayError`: the
-    database being away (503), else a fault of the gateway itself (500). It says whether the run was
-    recorded, which the caller knows."""
-    kept = "the request was recorded and can be retried" if recorded else \
-        "the request was not recorded and can be retried"
+    database being away (503), else a fault of the gateway itself (500). It says what the caller knows
+    was recorded: the run's outcome, only the run (pending, settled later as interrupted), or nothing."""
+    if recorded:
+        kept = "the request was recorded and can be retried"
+    elif opened:
+        kept = "the request's outcome was not recorded; it can be retried"
+    else:
+        kept = "the request was not recorded and can be retried"
     detail = f"{type(exc).__name__}: {exc}"[:1000]
     if unavailable(exc) is not None:
         return ServiceUnavailable(f"The gateway's database is unavailable; {kept}.", code="storage_unavailable",
@@ -70,10 +74,10 @@ def internal_error(exc: BaseException, recorded: bool) -> GatewayError:
     return InternalError(f"The gateway hit an internal error; {kept}.", detail=detail)
 
 
-def runs_recorded(scope: Scope) -> bool:
-    """Whether this request started a run and every run it started has its outcome written."""
+def runs_recorded(scope: Scope) -> tuple[bool, bool]:
+    """Whether this request started runs and all have their outcome written; whether one was opened."""
     runs = recorders_of(scope)
-    return bool(runs) and all(r.recorded for r in runs)
+    return bool(runs) and all(r.recorded for r in runs), any(r.opened for r in runs)
 
 
 class RunRecorder:
@@ -181,7 +185,7 @@ class RunRecorder:
     async def fail_internally(self, exc: Exception) -> GatewayError:
         """Record `exc` as the run's fault; what to tell the client (whether the outcome was written)."""
         await self.fail(internal_error(exc, recorded=True), status="internal_error")
-        return internal_error(exc, self.recorded)
+        return internal_error(exc, self.recorded, self.opened)
 
     async def end_for(self, exc: BaseException | None, *, streaming: bool = False) -> None:
         """The outcome an exception (or none at all) implies, if no other was recorded."""

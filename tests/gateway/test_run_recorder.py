@@ -102,9 +102,9 @@ def test_an_internal_error_says_the_run_was_not_recorded_when_it_was_not(faulty:
         pending = http.get(f"/api/requests/{unfinished.headers['x-gateway-request-id']}").json()
         absent = http.get(f"/api/requests/{unopened.headers['x-gateway-request-id']}")
     last_event = json.loads([line[6:] for line in streamed.text.split("\n") if line.startswith("data: ")][-1])
-    for message in (unfinished.json()["error"]["message"], unopened.json()["error"]["message"],
-                    last_event["error"]["message"]):
-        assert message.endswith("the request was not recorded and can be retried.")
+    for message in (unfinished.json()["error"]["message"], last_event["error"]["message"]):
+        assert message.endswith("the request's outcome was not recorded; it can be retried.")
+    assert unopened.json()["error"]["message"].endswith("the request was not recorded and can be retried.")
     assert unfinished.status_code == unopened.status_code == 500
     assert pending["status"] == "pending" and absent.status_code == 404
 
