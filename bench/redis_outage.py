@@ -90,6 +90,8 @@ def run(how: str, when_down: str, clients: int, phase: float) -> dict[str, dict[
                     thread.join(60)
             gateway.stop()
             redis.kill()  # SIGKILL ends a frozen one too
+        said = [json.loads(line)["message"] for line in (Path(folder) / "gateway.log").read_text().splitlines()
+                if '"gateway.outages"' in line]
     report: dict[str, dict[str, object]] = {}
     for name, (start, end) in zip(PHASES, ((0.0, outage), (outage, back), (back, float("inf")))):
         rows = [(status, ms) for began, status, ms in sent if start <= began < end]
@@ -99,6 +101,7 @@ def run(how: str, when_down: str, clients: int, phase: float) -> dict[str, dict[
         latencies = [ms for _, ms in rows]
         report[name] = {"answers": statuses, "p50_ms": _percentile(latencies, 0.5),
                         "p99_ms": _percentile(latencies, 0.99), "max_ms": round(max(latencies, default=0.0), 1)}
+    report["log"] = {"gateway.outages": said}
     return report
 
 
@@ -115,9 +118,12 @@ def main() -> int:
         print(json.dumps({"how": args.how, "when_down": args.when_down, "clients": args.clients, **report}))
     else:
         print(f"redis {args.how}, when_down {args.when_down}, {args.clients} clients, {args.phase_seconds:g} s a phase")
-        for name, row in report.items():
+        for name in PHASES:
+            row = report[name]
             print(f"  {name:>6}: answers {row['answers']}  p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  "
                   f"max {row['max_ms']} ms")
+        for line in report["log"]["gateway.outages"]:
+            print(f"  logged: {line}")
     return 0
 
 

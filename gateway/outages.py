@@ -2,8 +2,8 @@
 a model request meets while Redis is away.
 
 Redis holds the rate limits and spend counters that replicas share. While it does not answer, each
-process counts on its own (`redis.when_down: local`, the default: storage/redis_link.py), or model
-requests are answered 503 with Retry-After (`refuse`). Either way no call waits for Redis longer than
+process counts on its own (`redis.when_down: local`, the default: storage/redis_link.py), or, once a
+ping has confirmed the outage, model requests are answered 503 with Retry-After (`refuse`). Either way no call waits for Redis longer than
 `redis.timeout_seconds`, and an outage is logged once when a ping confirms it and once when it ends
 (metrics `gateway_redis_up`, `gateway_redis_outages_total`). A database that does not answer, at
 start, or a Redis under `refuse`, stops the start with one line saying which and why.

@@ -1,14 +1,15 @@
 """One Redis client for the process, whether Redis answers, and what callers do while it does not.
 
 Every call goes through `call`, bounded by a short timeout (no retries): a dead or unreachable Redis
-costs the request that finds out at most that, once. A call that fails marks Redis down; while it is
-down, calls fail at once with `RedisDown` and `watch` pings Redis every `probe_seconds`. When a ping
+costs the request that finds out at most that, once. A call that fails marks Redis down and pings it;
+while it is down, calls fail at once with `RedisDown` and `watch` pings Redis every `probe_seconds`. When a ping
 answers, the `on_return` hooks run against Redis (before any request uses it again), then Redis is
 marked up. `on_change(up, reason)` hears of an outage once a ping confirms it, and of its end (the
 gateway logs and counts them); a call that failed while pings answer costs only a local count.
 
 `shared_or_local` is what the rate limiter and the spend counters do with a call: Redis's answer,
-else the process's own (storage/ratelimit.py, storage/spend.py), or the error `refuse` makes.
+else the process's own (storage/ratelimit.py, storage/spend.py), or, once a ping has confirmed the
+outage, the error `refuse` makes.
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class RedisLink:
         self._on_change = on_change
         self._returns: list[Callable[[], Awaitable[None]]] = []
         self._probing = asyncio.Lock()
+        self._checking: asyncio.Task[bool] | None = None  # the ping a failed call asked for
 
     def on_return(self, hook: Callable[[], Awaitable[None]]) -> None:
         """`hook` runs against Redis each time it answers again, before it is marked up."""
@@ -81,22 +83,26 @@ class RedisLink:
 
     async def call(self, operation: Callable[[], Awaitable[T]]) -> T:
         """`operation`'s result, or `RedisDown` (at once while Redis is down). A call that fails marks
-        Redis down at once; the next ping says whether it was (`on_change`) or answers and marks it up."""
+        Redis down at once and asks for a ping, which says whether it was (`on_change`) or answers and
+        marks it up again (a call that was only late ends up costing a few local counts)."""
         if not self.up:
             raise RedisDown(self.reason or "down")
         try:
             return await asyncio.wait_for(operation(), self.timeout)
         except _FAILURES as exc:
             self.up, self.reason = False, self._why(exc, self.timeout)
+            if self._checking is None or self._checking.done():
+                self._checking = asyncio.get_running_loop().create_task(self.probe())
             raise RedisDown(self.reason) from exc
 
     async def shared_or_local(self, shared: Callable[[], Awaitable[T]], local: Callable[[], Awaitable[T]],
                               refuse: Refusal | None = None) -> T:
-        """`shared()` through Redis; while Redis is down, `local()`, or `refuse`'s error when given."""
+        """`shared()` through Redis; while Redis is down, `local()`, or `refuse`'s error when given and a
+        ping has confirmed the outage (a late call, or one failing before the ping, counts locally)."""
         try:
             return await self.call(shared)
         except RedisDown as down:
-            if refuse is not None:
+            if refuse is not None and self._said_down:
                 raise refuse(down) from down
             return await local()
 
@@ -139,4 +145,6 @@ class RedisLink:
             self._on_change(up, self.reason)
 
     async def close(self) -> None:
+        if self._checking is not None:
+            self._checking.cancel()
         await self.client.aclose()

@@ -57,6 +57,7 @@ async def test_costs_counted_while_redis_is_away_are_not_lost(own_redis: RedisSe
         own_redis.freeze()
         await counters.add([day], 0.25)  # the run's cost is recorded in the database: 1.75 there
         assert not link.up and counters.marked == {day}
+        assert not await link.probe()  # the outage confirmed: `refuse` applies
         with pytest.raises(LookupError):
             await refusing.get([day])
         await refusing.add([day], 0.0)  # a cost is never refused
