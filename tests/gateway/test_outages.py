@@ -32,6 +32,7 @@ from tests.tcp_proxy import TcpProxy
 
 PRICED = {"input_cost_per_token": 0.001, "output_cost_per_token": 0.001}
 CLIENTS = 10
+START_SECONDS = 180  # a gateway's start, on a machine this loaded, has taken more than 60 s
 ANTHROPIC = {"model": "claude-test", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -122,7 +123,7 @@ def test_redis_killed_mid_load_counts_per_process_and_records_every_run(own_redi
                                                                          tmp_path: Path) -> None:
     with fake_upstream() as upstream:
         log = tmp_path / "gateway.log"
-        gateway = Gateway(_config(tmp_path, upstream, own_redis.url, "local"), free_port(), log).start()
+        gateway = Gateway(_config(tmp_path, upstream, own_redis.url, "local"), free_port(), log).start(START_SECONDS)
         try:
             with Load(gateway.url) as load:
                 load.wait(20, 0, 200)
@@ -159,7 +160,7 @@ def test_redis_killed_mid_load_counts_per_process_and_records_every_run(own_redi
 def test_redis_killed_under_refuse_answers_503_in_the_callers_format(own_redis: RedisServer, tmp_path: Path) -> None:
     with fake_upstream() as upstream:
         gateway = Gateway(_config(tmp_path, upstream, own_redis.url, "refuse"), free_port(),
-                          tmp_path / "gateway.log").start()
+                          tmp_path / "gateway.log").start(START_SECONDS)
         try:
             with Load(gateway.url) as load:
                 load.wait(20, 0, 200)
@@ -199,7 +200,8 @@ def test_database_cut_off_answers_503_and_claims_no_run(postgres_url: str, tmp_p
     chat = {"model": "fake", "messages": [{"role": "user", "content": "hello"}]}
     try:
         with fake_upstream() as upstream:
-            gateway = Gateway(write_config(tmp_path, proxied, upstream), free_port(), tmp_path / "gateway.log").start()
+            gateway = Gateway(write_config(tmp_path, proxied, upstream), free_port(),
+                              tmp_path / "gateway.log").start(START_SECONDS)
             try:
                 with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {TENANT_KEY}"},
                                   timeout=30) as http:
