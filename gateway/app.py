@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import admin_api, dashboard, keys_api, model_routes, records_api
 from gateway.auth import KeyRing, metrics_caller
 from gateway.budgets import Budgets
-from gateway.boundaries import ErrorBoundary, RequestSanity
+from gateway.boundaries import ErrorBoundary, RequestSanity, StartupFailures
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.dashboard_headers import DashboardHeaders
 from gateway.deployments import RoutedUpstream
@@ -28,6 +28,7 @@ from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailab
 from gateway.housekeeping import Housekeeping
 from gateway.key_cache import DatabaseKeys
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
+from gateway.outages import counters as shared_counters, readiness
 from gateway.reload import Reloader
 from gateway.request_id import RequestIdMiddleware
 from gateway.run_recorder import RunGuard, outcomes_written
@@ -43,9 +44,7 @@ from policies.tokens import encoding
 from storage.blobs import BlobStore, DirectoryBlobStore
 from storage.database import make_engine
 from storage.encryption import EnvelopeError, UnknownKey
-from storage.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from storage.records import RecordStore
-from storage.spend import MemorySpendCounters, RedisSpendCounters, SpendCounters
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -147,22 +146,16 @@ def create_app(
         record_store = store or build_store(settings, clock)
         await aside(record_store.create_schema)
         await aside(record_store.blobs.check)  # a missing bucket stops the start, not a capture
+        counters = shared_counters(settings, metrics, clock)
+        probing = await counters.start(settings)  # Redis down under `refuse` stops the start
         await aside(record_store.register_instance)
         housekeeping = Housekeeping(record_store, settings.server, lambda: _current_settings(app), clock)
         await housekeeping.run_once()  # what a crashed predecessor left pending
-        limiter: RateLimiter = (
-            RedisRateLimiter(settings.redis.url, prefix=f"{settings.redis.key_prefix}rl:", clock=clock)
-            if settings.redis.url else MemoryRateLimiter(clock)
-        )
-        counters: SpendCounters = (
-            RedisSpendCounters(settings.redis.url, prefix=f"{settings.redis.key_prefix}spend:")
-            if settings.redis.url else MemorySpendCounters()
-        )
         tracing.start()
         inner = upstream or default_upstream(settings)
         # Each try of a routed call is a span of its own (the traced client sits inside the routing).
         traced = TracedUpstream(inner, tracing.tracer, tracing.capture_content) if tracing.tracer else inner
-        client = RoutedUpstream(traced, settings, limiter)
+        client = RoutedUpstream(traced, settings, counters.limiter)
         await client.warm_up()
         await aside(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
@@ -174,9 +167,10 @@ def create_app(
             clock=clock,
             sessions=SessionSigner(settings.dashboard.session_secret),
             metrics=metrics,
-            limiter=limiter,
-            budgets=Budgets(counters, record_store, clock),
+            limiter=counters.limiter,
+            budgets=Budgets(counters.spend, record_store, clock),
             tracing=tracing,
+            redis=counters.redis,
         )
         beating = asyncio.create_task(housekeeping.run_forever())
         reloader = Reloader(app, settings.source) if Path(settings.source).is_file() else None
@@ -204,7 +198,8 @@ def create_app(
             if hangup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await aside(record_store.retire_instance)
-            await limiter.close()
+            if probing is not None:
+                probing.cancel()
             await counters.close()
             if upstream is None:
                 await client.aclose()  # the direct transport's connection pool
@@ -215,17 +210,18 @@ def create_app(
     docs = settings.server.docs
     app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
                   redoc_url=None, openapi_url="/openapi.json" if docs else None)
-    # Middleware, outermost first (add_middleware prepends): request ids wrap everything; every
-    # dashboard response, refusals and errors included, gets the dashboard's security headers; the
-    # server span sees the request id and the final status; the error boundary answers what escapes a
-    # route; the run guard finishes any run left open; request lines storage cannot hold are refused
-    # before a route sees them.
+    # Middleware, outermost first (add_middleware prepends): a start that fails is told in one line
+    # (the lifespan's only concern); request ids wrap everything; every dashboard response, refusals
+    # and errors included, gets the dashboard's security headers; the server span sees the request id
+    # and the final status; the error boundary answers what escapes a route; the run guard finishes
+    # any run left open; request lines storage cannot hold are refused before a route sees them.
     app.add_middleware(RequestSanity)
     app.add_middleware(RunGuard)
     app.add_middleware(ErrorBoundary, metrics=metrics)
     app.add_middleware(TracingMiddleware, tracing=tracing)
     app.add_middleware(DashboardHeaders)
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(StartupFailures, settings=settings)
     app.include_router(model_routes.router)
     app.include_router(records_api.router)
     app.include_router(dashboard.router)
@@ -237,12 +233,9 @@ def create_app(
         return {"status": "ok"}
 
     @app.get("/readyz")
-    async def readyz(request: Request) -> dict[str, str]:
+    async def readyz(request: Request) -> JSONResponse:
         services: Services = request.app.state.services
-        await aside(services.store.ping)
-        if isinstance(services.limiter, RedisRateLimiter):
-            await services.limiter.ping()
-        return {"status": "ready"}
+        return await readiness(services.store, services.redis, settings)  # `redis` is read at start only
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint(request: Request) -> Response:

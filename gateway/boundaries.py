@@ -5,20 +5,25 @@ lone surrogate (what storage cannot hold) with a 400 that names it, before any
 route sees it. `ErrorBoundary` answers any exception that escapes a route with
 a 500 in the caller's format and returns normally, so the server keeps the
 keep-alive connection (Starlette's own handler re-raises, and the server then
-drops the connection).
+drops the connection). `StartupFailures` tells a start that fails in one line
+(`gateway: cannot start: database URL: why`) instead of Starlette's traceback,
+which goes to the debug log.
 """
 from __future__ import annotations
 
 import logging
 import re
+import sys
 from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.config import Settings
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.metrics import GatewayMetrics
-from gateway.run_recorder import internal_error, recorded
+from gateway.outages import failure_line
+from gateway.run_recorder import internal_error, runs_recorded
 from gateway.wire.formats import error_response
 
 log = logging.getLogger("gateway")
@@ -80,8 +85,32 @@ class ErrorBoundary:
         except ClientDisconnect:
             return  # nobody left to answer
         except Exception as exc:
-            log.exception("unhandled error on %s", scope.get("path"))
-            self.metrics.observe_error("internal_error", scope.get("path", ""))
+            error = internal_error(exc, *runs_recorded(scope))
+            if error.status_code == 503:  # the database is away: the housekeeping says so, once
+                log.debug("%s on %s: %s", error.code, scope.get("path"), error.detail)
+            else:
+                log.exception("unhandled error on %s", scope.get("path"))
+            self.metrics.observe_error(error.code or error.error_type, scope.get("path", ""))
             if started:
                 return  # the answer is under way; the server ends the broken response
-            await error_response(scope.get("path", ""), internal_error(exc, recorded(scope)))(scope, receive, send)
+            await error_response(scope.get("path", ""), error)(scope, receive, send)
+
+
+class StartupFailures:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def one_line(message: Message) -> None:
+            failure = sys.exc_info()[1]  # Starlette sends startup.failed while it handles the exception
+            if message["type"] == "lifespan.startup.failed" and failure is not None:
+                log.debug("the start failed", exc_info=failure)
+                message = {**message, "message": f"gateway: cannot start: {failure_line(failure, self.settings)}"}
+            await send(message)
+
+        await self.app(scope, receive, one_line)

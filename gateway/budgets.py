@@ -6,7 +6,10 @@ afterwards). A run's cost is added when its outcome is recorded. The counters
 (`storage/spend.py`) live in Redis when `redis.url` is set, so every replica
 sees every replica's spend; else in the process, seeded from the runs the
 database recorded for the period, so each process counts its own spend on top
-of what was recorded when it first looked.
+of what was recorded when it first looked. While Redis does not answer, each
+process counts in its own way, re-seeded from the database every minute, and
+the counters it could not update in Redis are re-seeded when Redis is back
+(`FallbackSpendCounters`): no recorded cost is lost from a budget.
 """
 from __future__ import annotations
 
@@ -119,5 +122,5 @@ class Budgets:
         names = [f"{s}:{p.label}" for s in subjects for p in periods(started_at)]
         try:
             await self.counters.add(names, usd)
-        except Exception:  # Redis down: the cost is in the database; the next seed after expiry has it
+        except Exception:  # the cost is in the database: the counter's next seed has it
             log.exception("could not add $%s to the spend of tenant %s", usd, tenant)

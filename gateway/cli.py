@@ -5,10 +5,11 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gateway.config import ConfigError, load_settings, policy_file, read_yaml
+from gateway.config import ConfigError, Settings, load_settings, policy_file, read_yaml
 from gateway.config_migration import migrate, render
 from gateway.encodings import use_bundled_encodings
 from policies.presets import PRESET_NAMES, preset
@@ -17,10 +18,17 @@ from policies.presets import PRESET_NAMES, preset
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import CONFIG_ENV, build_store, create_app
+    from gateway.app import CONFIG_ENV, create_app
     from gateway.logs import logging_config
 
     settings = load_settings(args.config)
+    # What it stands on answers before it serves; with several processes on one socket the schema is
+    # brought up to date here, once, before any of them starts (each would race the others to migrate
+    # a fresh SQLite file).
+    problem = _cannot_start(settings, migrate=args.workers > 1)
+    if problem is not None:
+        print(f"gateway: cannot start: {problem}", file=sys.stderr)
+        return 1
     where = {"host": args.host or settings.server.host,
              "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level,
              "log_config": logging_config(settings.log_level, settings.log_format, settings.access_log),
@@ -29,12 +37,29 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers <= 1:
         uvicorn.run(create_app(settings), **where)
         return 0
-    # Several processes on one socket: the schema is brought up to date here, once, before any
-    # of them starts (each would otherwise race the others to migrate a fresh SQLite file).
-    build_store(settings).create_schema()
     os.environ[CONFIG_ENV] = str(Path(args.config).resolve())
     uvicorn.run("gateway.app:app_from_environment", factory=True, workers=args.workers, **where)
     return 0
+
+
+def _cannot_start(settings: Settings, *, migrate: bool) -> str | None:
+    """What stops a start (the database or blob store not answering, Redis under `refuse`), in one
+    line; the traceback as well at `log_level: debug`."""
+    from gateway.app import build_store
+    from gateway.outages import check_at_start, failure_line
+
+    store = None
+    try:
+        store = build_store(settings)
+        check_at_start(settings, store, migrate=migrate)
+    except Exception as exc:
+        if settings.log_level == "debug":
+            traceback.print_exc()
+        return failure_line(exc, settings)
+    finally:
+        if store is not None:
+            store.engine.dispose()
+    return None
 
 
 def _check_config(args: argparse.Namespace) -> int:

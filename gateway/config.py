@@ -341,6 +341,10 @@ class DashboardSettings(_Strict):
 class RedisSettings(_Strict):
     url: str | None = None  # rate limits and spend shared by replicas; without it, per process
     key_prefix: str = "gw:"
+    # While Redis does not answer: count limits and spend per process (`local`), or answer model
+    # requests 503 with Retry-After and refuse to start (`refuse`).
+    when_down: Literal["local", "refuse"] = "local"
+    timeout_seconds: float = Field(0.5, gt=0, le=30)  # the longest a request waits for Redis
 
 
 class TelemetrySettings(_Strict):

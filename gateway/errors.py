@@ -9,6 +9,7 @@
     │   └── ModelNotFound (404, code model_not_found)
     ├── RateLimitExceeded (429 rate_limit_error: the tenant's or key's limit here)
     │   └── BudgetExceeded (429 insufficient_quota, code budget_exceeded: a spend budget here)
+    ├── ServiceUnavailable (503, Retry-After: the database, or Redis under `redis.when_down: refuse`)
     └── UpstreamError (the upstream's status)
         ├── UpstreamRateLimited (429 rate_limit_error)
         ├── UpstreamTimeout (504 timeout)
@@ -102,6 +103,16 @@ class BudgetExceeded(RateLimitExceeded):
 
     error_type = "insufficient_quota"
     default_code = "budget_exceeded"
+
+
+class ServiceUnavailable(GatewayError):
+    """Something the gateway stands on (its database; Redis, under `redis.when_down: refuse`) is down."""
+
+    status_code = 503
+    default_code = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 2, **kwargs: Any) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after)}, **kwargs)
 
 
 class UpstreamError(GatewayError):

@@ -12,6 +12,7 @@ from typing import Callable
 
 from gateway.config import ServerSettings, Settings
 from gateway.threads import aside
+from storage.database import unavailable
 from storage.records import RecordStore
 from storage.retention import GcReport, run_gc
 
@@ -67,9 +68,20 @@ class Housekeeping:
         await aside(self._once)
 
     async def run_forever(self) -> None:
+        database_away = False  # said once when it goes, once when it is back
         while True:
             await asyncio.sleep(self.server.heartbeat_seconds)
             try:
                 await self.run_once()
-            except Exception:  # the database is away: try again at the next beat
-                log.exception("housekeeping failed")
+            except Exception as exc:  # try again at the next beat
+                why = unavailable(exc)
+                if why is None:
+                    log.exception("housekeeping failed")
+                elif not database_away:
+                    log.error("the database does not answer (%s): model requests are answered 503 until it does",
+                              why)
+                database_away = database_away or why is not None
+            else:
+                if database_away:
+                    log.warning("the database answers again")
+                database_away = False

@@ -7,7 +7,7 @@ dashboard reads.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from storage.record_types import AssemblyRecord, RunOutcome
@@ -54,6 +54,8 @@ class GatewayMetrics:
                                           buckets=_ASSEMBLY_BUCKETS, registry=r)
         self.upstream_seconds = Histogram("gateway_upstream_seconds", "Upstream latency, all rounds",
                                           ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.redis_up: Gauge | None = None  # made when Redis is configured (observe_redis)
+        self.redis_outages = Counter("gateway_redis_outages", "Times Redis stopped answering", registry=r)
 
     def observe_run(self, tenant: str, model: str, outcome: RunOutcome, assembly: AssemblyRecord | None) -> None:
         self.requests.labels(tenant, model, outcome.status).inc()
@@ -71,6 +73,14 @@ class GatewayMetrics:
         self.cached_tokens.labels(tenant, model).inc(outcome.cached_tokens or 0)
         self.cost.labels(tenant, model).inc(outcome.cost_usd or 0.0)
         self.cost_original.labels(tenant, model).inc(outcome.cost_original_usd or 0.0)
+
+    def observe_redis(self, up: bool) -> None:
+        if self.redis_up is None:
+            self.redis_up = Gauge("gateway_redis_up", "1 while Redis answers; 0 while limits and spend are "
+                                  "counted per process (or refused)", registry=self.registry)
+        self.redis_up.set(1 if up else 0)
+        if not up:
+            self.redis_outages.inc()
 
     def observe_error(self, error_type: str, path: str) -> None:
         self.errors.labels(surface_of(path), error_type).inc()

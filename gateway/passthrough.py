@@ -18,7 +18,7 @@ from gateway.forwarding import Completion, FirstRound
 from gateway.outcomes import Accounting
 from gateway.pipeline import SESSION_HEADERS, check_limits, header_value, model_for, read_body, tenant_principal
 from gateway.request_id import request_id_of
-from gateway.run_recorder import RecordedStream, RunRecorder, internal_error
+from gateway.run_recorder import RecordedStream, RunRecorder
 from gateway.services import Services
 from gateway.upstream import UpstreamRequest, closing
 from gateway.wire.json_body import check_text, param_path, parse_json_object
@@ -130,7 +130,6 @@ async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRe
             await recorder.fail(error)
             yield sse_event(error_body(error))
         except Exception as exc:  # a fault of ours mid-stream
-            await recorder.fail(internal_error(exc), status="internal_error")
-            yield sse_event(error_body(internal_error(exc, recorder.recorded)))
+            yield sse_event(error_body(await recorder.fail_internally(exc)))
 
     return RecordedStream(events(), recorder, headers, close=chunks.aclose)

@@ -32,7 +32,7 @@ from gateway.messages_forwarding import MessagesRelay
 from gateway.responses_forwarding import ResponsesRelay, request_id_for
 from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
-from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, internal_error, outcomes_written
+from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, outcomes_written
 from gateway.services import Services
 from gateway.threads import off_loop
 from gateway.upstream import Attempt, UpstreamRequest, closing
@@ -425,8 +425,8 @@ async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest,
             await recorder.fail(error)
             yield relay.error(error)
         except Exception as exc:  # a fault of ours mid-stream: recorded, and told in the stream's own terms
-            await recorder.fail(internal_error(exc), status="internal_error")
-            services.metrics.observe_error("internal_error", "/v1/")
-            yield relay.error(internal_error(exc, recorder.recorded))
+            error = await recorder.fail_internally(exc)
+            services.metrics.observe_error(error.code or error.error_type, "/v1/")
+            yield relay.error(error)
 
     return RecordedStream(events(), recorder, headers, close=relay.aclose)

@@ -27,13 +27,14 @@ from starlette.types import Receive, Scope, Send
 from gateway import outcomes
 from gateway.assembly_bases import RecentAssemblies
 from gateway.budgets import Budgets
-from gateway.errors import GatewayError, InternalError
+from gateway.errors import GatewayError, InternalError, ServiceUnavailable
 from gateway.forwarding import Completion
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Accounting
 from gateway.threads import off_loop
 from gateway.upstream import Attempt
 from policies.transcript import PathNode
+from storage.database import unavailable
 from storage.record_types import AssemblyRecord, CapturedThenFailed, IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore
 
@@ -56,17 +57,27 @@ async def outcomes_written() -> None:
 _SETTLE_SECONDS = 10.0
 
 
-def internal_error(exc: BaseException, recorded: bool = True) -> InternalError:
-    """What the client is told, and the run records, for a fault of the gateway itself; `recorded`: the
-    request's run holds its outcome (the answer says so only then)."""
-    told = "the request was recorded and can be retried" if recorded else "the request can be retried"
-    return InternalError(f"The gateway hit an internal error; {told}.", detail=f"{type(exc).__name__}: {exc}"[:1000])
+def internal_error(exc: BaseException, recorded: bool, opened: bool = False) -> GatewayError:
+    """What the client is told, and the run records, for an exception that is no `GatewayError`: the
+    database being away (503), else a fault of the gateway itself (500). It says what the caller knows
+    was recorded: the run's outcome, only the run (pending, settled later as interrupted), or nothing."""
+    if recorded:
+        kept = "the request was recorded and can be retried"
+    elif opened:
+        kept = "the request's outcome was not recorded; it can be retried"
+    else:
+        kept = "the request was not recorded and can be retried"
+    detail = f"{type(exc).__name__}: {exc}"[:1000]
+    if unavailable(exc) is not None:
+        return ServiceUnavailable(f"The gateway's database is unavailable; {kept}.", code="storage_unavailable",
+                                  detail=detail)
+    return InternalError(f"The gateway hit an internal error; {kept}.", detail=detail)
 
 
-def recorded(scope: Scope) -> bool:
-    """Whether every run the request started has its outcome written (and it started one)."""
+def runs_recorded(scope: Scope) -> tuple[bool, bool]:
+    """Whether this request started runs and all have their outcome written; whether one was opened."""
     runs = recorders_of(scope)
-    return bool(runs) and all(r.recorded for r in runs)
+    return bool(runs) and all(r.recorded for r in runs), any(r.opened for r in runs)
 
 
 class RunRecorder:
@@ -123,11 +134,17 @@ class RunRecorder:
         try:
             with anyio.CancelScope(shield=True):  # a cancelled request still records its end
                 self.recorded = await off_loop(self.store.finish_run, self.start.request_id, outcome, self.assembly)
-        except Exception:  # the store is down: the run stays pending until the next start settles it
-            log.exception("could not record the outcome of run %s", self.start.request_id)
+        except Exception as exc:  # the store is down: the run stays pending until the next start settles it
+            why = unavailable(exc)
+            if why is None:
+                log.exception("could not record the outcome of run %s", self.start.request_id)
+            else:
+                log.error("could not record the outcome of run %s: the database is unavailable (%s)",
+                          self.start.request_id, why)
         else:
-            self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
-            if self.budgets is not None and outcome.cost_usd:
+            if self.recorded:  # False: the run already had a real outcome (counted when that was written)
+                self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
+            if self.recorded and self.budgets is not None and outcome.cost_usd:
                 with anyio.CancelScope(shield=True):
                     await self.budgets.spend(self.start.tenant, self.start.api_key_id, outcome.cost_usd,
                                              self.start.started_at)
@@ -169,6 +186,11 @@ class RunRecorder:
     async def fail(self, error: GatewayError, status: str = "error") -> None:
         await self.finish(outcomes.failure(error, self.started, self.accounting, status=status))
 
+    async def fail_internally(self, exc: Exception) -> GatewayError:
+        """Record `exc` as the run's fault; what to tell the client (whether the outcome was written)."""
+        await self.fail(internal_error(exc, recorded=True), status="internal_error")
+        return internal_error(exc, self.recorded, self.opened)
+
     async def end_for(self, exc: BaseException | None, *, streaming: bool = False) -> None:
         """The outcome an exception (or none at all) implies, if no other was recorded."""
         if self.finished or not self.opened:
@@ -181,7 +203,7 @@ class RunRecorder:
             message = "the client closed the stream" if streaming else "the request was cancelled"
             await self.fail(GatewayError(message, code=status), status=status)
         elif isinstance(exc, Exception):
-            await self.fail(internal_error(exc), status="internal_error")
+            await self.fail_internally(exc)
         else:
             error = GatewayError("the request ended without recording an outcome", code="interrupted")
             await self.fail(error, status="interrupted")

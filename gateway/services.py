@@ -18,6 +18,7 @@ from policies.policy import Policy
 from storage.canonical import NodeIds
 from storage.ratelimit import RateLimiter
 from storage.records import RecordStore
+from storage.redis_link import RedisLink
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Services:
     recent_assemblies: RecentAssemblies = field(default_factory=RecentAssemblies)
     node_ids: NodeIds = field(default_factory=NodeIds)  # node ids of messages seen before, by their exact JSON
     tracing: Tracing = OFF  # spans of model requests (gateway/tracing.py)
+    redis: RedisLink | None = None  # behind the limiter and the budgets' counters, when configured
 
 
 async def get_services(request: Request) -> Services:

@@ -154,7 +154,12 @@ class Gateway:
                  "--workers", str(self.workers)],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**(os.environ if self.env is None else self.env), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        wait_until_up(f"{self.url}/readyz", self.ready_seconds if seconds is None else seconds, process=self.process)
+        try:
+            wait_until_up(f"{self.url}/readyz", self.ready_seconds if seconds is None else seconds,
+                          process=self.process)
+        except BaseException:
+            self.stop()  # one that did not come up in time is not left running
+            raise
         return self
 
     def kill(self) -> None:
@@ -170,6 +175,45 @@ class Gateway:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@dataclass
+class RedisServer:
+    """A redis-server of our own (never the shared one), on `port`, holding nothing on disk: it can be
+    killed, frozen and started again on the same port."""
+
+    port: int
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                         "--save", "", "--appendonly", "no"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not come up")
+
+    def kill(self) -> None:
+        """SIGKILL: what it held is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def freeze(self, frozen: bool = True) -> None:
+        """SIGSTOP (it keeps its connections and data but answers nothing), or SIGCONT."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
 
 def print_report(report: dict[str, Any], ok: bool, as_json: bool) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
 
@@ -35,3 +36,26 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
         return create_engine(url, **kwargs)
     raise ValueError(f"unsupported storage url {parsed.render_as_string(hide_password=True)!r}: use sqlite:/// or postgresql+psycopg://")
+
+
+def safe_url(url: str) -> str:
+    """`url` without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sa_exc.ArgumentError:
+        return url
+
+
+def unavailable(exc: BaseException) -> str | None:
+    """Why the database cannot be used, in one line, when `exc` (or its cause) says it is away: a
+    connection refused or lost, a file that cannot be opened, a lock not released in time, no free
+    connection in the pool. None for any other error."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+            text = str(seen.orig or seen).strip()
+            return text.splitlines()[0] if text else type(seen.orig or seen).__name__
+        if isinstance(seen, sa_exc.TimeoutError):
+            return "no free connection in the pool"
+        seen = seen.__cause__
+    return None

@@ -2,7 +2,8 @@
 
 `hit(key, amount, limit)` adds `amount` to the current window's count and says
 whether the count is still within `limit`, how much is left, and how many
-seconds remain until the window resets.
+seconds remain until the window resets. `FallbackRateLimiter` counts in Redis
+while it answers and in the process while it does not (see storage/redis_link.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import redis.asyncio as aioredis
+
+from storage.redis_link import RedisLink, Refusal
 
 WINDOW_SECONDS = 60
 
@@ -59,8 +62,9 @@ class MemoryRateLimiter:
 class RedisRateLimiter:
     """Shared by every replica: INCRBY on a per-window key that expires with the window."""
 
-    def __init__(self, url: str, prefix: str = "gw:rl:", clock: Callable[[], float] = time.time) -> None:
-        self._redis = aioredis.from_url(url)
+    def __init__(self, url: str | aioredis.Redis, prefix: str = "gw:rl:", clock: Callable[[], float] = time.time) -> None:
+        self._owned = isinstance(url, str)  # a client passed in is closed by whoever made it
+        self._redis = aioredis.from_url(url) if isinstance(url, str) else url
         self._prefix = prefix
         self._clock = clock
 
@@ -73,8 +77,25 @@ class RedisRateLimiter:
             count, _ = await pipe.execute()
         return Verdict(int(count) <= limit, limit, max(0, limit - int(count)), reset)
 
-    async def ping(self) -> None:
-        await self._redis.ping()
+    async def close(self) -> None:
+        if self._owned:
+            await self._redis.aclose()
+
+
+class FallbackRateLimiter:
+    """Redis's counts while it answers. While it does not, this process's own counts (so each replica
+    allows the whole limit), or, given `refuse`, the error it makes."""
+
+    def __init__(self, link: RedisLink, prefix: str = "gw:rl:", clock: Callable[[], float] = time.time,
+                 refuse: Refusal | None = None) -> None:
+        self.link = link
+        self.shared = RedisRateLimiter(link.client, prefix=prefix, clock=clock)
+        self.local = MemoryRateLimiter(clock)
+        self._refuse = refuse
+
+    async def hit(self, key: str, amount: int, limit: int) -> Verdict:
+        return await self.link.shared_or_local(lambda: self.shared.hit(key, amount, limit),
+                                               lambda: self.local.hit(key, amount, limit), self._refuse)
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        return None  # the link is closed by its owner

@@ -7,6 +7,15 @@ counter is in the database already and reaches the counter with the seed. So
 the counter is the period's recorded spend, give or take the runs that finish
 while a seed is being read; Redis being flushed costs one re-seed, not the
 period's spend.
+
+While Redis does not answer, `FallbackSpendCounters` counts in the process,
+seeded from the database like the memory counters but for at most a minute at
+a time, so each process re-reads the recorded spend of every replica that
+often. A cost that could not reach Redis marks its counters; when Redis
+answers again they are deleted there before anyone reads them, so their next
+read re-seeds them from the database, which holds that cost. (Counters marked
+by a process that stops during the outage stay short of its outage spend until
+their period ends.)
 """
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ import time
 from typing import Callable, Protocol, Sequence
 
 import redis.asyncio as aioredis
+
+from storage.redis_link import RedisLink, Refusal
 
 
 class SpendCounters(Protocol):
@@ -39,18 +50,22 @@ class MemorySpendCounters:
         self._lock = asyncio.Lock()
         self._clock = clock
 
+    def _drop_expired(self) -> None:
+        now = self._clock()
+        for stale in [n for n, at in self._expiry.items() if at <= now]:
+            self._values.pop(stale, None)
+            del self._expiry[stale]
+
     async def get(self, names: Sequence[str]) -> list[float | None]:
+        self._drop_expired()
         return [self._values.get(name) for name in names]
 
     async def seed(self, name: str, value: float, ttl_seconds: int) -> None:
         async with self._lock:
-            now = self._clock()
-            for stale in [n for n, at in self._expiry.items() if at <= now]:
-                self._values.pop(stale, None)
-                del self._expiry[stale]
+            self._drop_expired()
             if name not in self._values:
                 self._values[name] = value
-                self._expiry[name] = now + ttl_seconds
+                self._expiry[name] = self._clock() + ttl_seconds
 
     async def add(self, names: Sequence[str], amount: float) -> None:
         async with self._lock:
@@ -72,8 +87,9 @@ return 0
 
 
 class RedisSpendCounters:
-    def __init__(self, url: str, prefix: str = "gw:spend:") -> None:
-        self._redis = aioredis.from_url(url)
+    def __init__(self, url: str | aioredis.Redis, prefix: str = "gw:spend:") -> None:
+        self._owned = isinstance(url, str)  # a client passed in is closed by whoever made it
+        self._redis = aioredis.from_url(url) if isinstance(url, str) else url
         self._prefix = prefix
         self._add = self._redis.register_script(_ADD_EXISTING)
 
@@ -87,5 +103,55 @@ class RedisSpendCounters:
     async def add(self, names: Sequence[str], amount: float) -> None:
         await self._add(keys=[self._prefix + name for name in names], args=[repr(float(amount))])
 
+    async def delete(self, names: Sequence[str]) -> None:
+        await self._redis.delete(*[self._prefix + name for name in names])
+
     async def close(self) -> None:
-        await self._redis.aclose()
+        if self._owned:
+            await self._redis.aclose()
+
+
+LOCAL_TTL_SECONDS = 60  # while Redis is down, a process re-reads the recorded spend this often
+
+
+class FallbackSpendCounters:
+    """Redis's counters while it answers, else the process's (see the module's docstring); given
+    `refuse`, reading them while Redis is down raises its error instead (a cost is always counted)."""
+
+    def __init__(self, link: RedisLink, prefix: str = "gw:spend:", refuse: Refusal | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.link = link
+        self.shared = RedisSpendCounters(link.client, prefix)
+        self.local = MemorySpendCounters(clock)
+        self.marked: set[str] = set()  # counters in Redis short of a cost this process could not add
+        self._clock = clock
+        self._refuse = refuse
+        link.on_return(self._reconcile)
+
+    async def get(self, names: Sequence[str]) -> list[float | None]:
+        return await self.link.shared_or_local(lambda: self.shared.get(names), lambda: self.local.get(names),
+                                               self._refuse)
+
+    async def seed(self, name: str, value: float, ttl_seconds: int) -> None:
+        await self.link.shared_or_local(lambda: self.shared.seed(name, value, ttl_seconds),
+                                        lambda: self.local.seed(name, value, min(ttl_seconds, LOCAL_TTL_SECONDS)),
+                                        self._refuse)
+
+    async def add(self, names: Sequence[str], amount: float) -> None:
+        async def locally() -> None:
+            self.marked.update(names)
+            await self.local.add(names, amount)
+
+        await self.link.shared_or_local(lambda: self.shared.add(names, amount), locally)
+
+    async def _reconcile(self) -> None:
+        """Redis answers again: the marked counters go (their next read re-seeds them from the
+        database), and so do the local ones (a later outage starts again from the database)."""
+        while self.marked:
+            names = sorted(self.marked)
+            await self.shared.delete(names)
+            self.marked.difference_update(names)
+        self.local = MemorySpendCounters(self._clock)
+
+    async def close(self) -> None:
+        return None  # the link is closed by its owner

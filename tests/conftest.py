@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import uuid
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from storage.blobs import BlobStore, DirectoryBlobStore  # noqa: E402
 from storage.database import make_engine  # noqa: E402
 from storage.records import RecordStore  # noqa: E402
 from storage.s3_blobs import S3BlobStore  # noqa: E402
+from scripts.processes import RedisServer  # noqa: E402
 from tests.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,6 +130,16 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, on a free port, to kill or freeze (never the shared one)."""
+    if shutil.which("redis-server") is None:
+        service_unavailable("redis-server", FileNotFoundError("not on PATH"))
+    server = RedisServer(free_port()).start()
+    yield server
+    server.kill()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -82,6 +82,8 @@ def test_example_config_is_valid() -> None:
     (lambda c: c["storage"].update(blob_dir="./a", blobs={"dir": "./b"}), "storage.blobs", "not both"),
     (lambda c: c["storage"].update(blobs={"backend": "s3", "buckit": "b"}), "storage.blobs.buckit",
      "did you mean 'bucket'?"),
+    (lambda c: c.update(redis={"url": "redis://cache", "when_down": "ignore"}), "redis.when_down",
+     "'local' or 'refuse'"),
 ])
 def test_bad_config_names_file_and_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutate, field, words) -> None:
     monkeypatch.setenv("UPSTREAM_KEY", "x")

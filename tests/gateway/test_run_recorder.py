@@ -82,7 +82,31 @@ def test_an_internal_error_is_recorded_answered_500_and_keeps_the_connection(fau
     assert record["status"] == "internal_error"
     assert record["error"] == {"type": "internal_error", "message": "RuntimeError: boom in complete"}
     assert record["assembly"] is not None  # the projection it was given is on record too
+    assert body["error"]["message"].endswith("the request was recorded and can be retried.")
     connection.close()
+
+
+def test_an_internal_error_says_the_run_was_not_recorded_when_it_was_not(faulty: RunningGateway,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def store_down(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the store failed")
+
+    store = faulty.store
+    with faulty.client() as http:
+        monkeypatch.setattr(store, "finish_run", store_down)  # opened, but its outcome is never written
+        unfinished = http.post("/v1/chat/completions", json={"model": "fake", "messages": USER})
+        streamed = http.post("/v1/chat/completions", json={"model": "fake", "messages": USER, "stream": True})
+        monkeypatch.setattr(store, "ingest", store_down)  # not even opened
+        unopened = http.post("/v1/chat/completions", json={"model": "fake", "messages": USER})
+        monkeypatch.undo()
+        pending = http.get(f"/api/requests/{unfinished.headers['x-gateway-request-id']}").json()
+        absent = http.get(f"/api/requests/{unopened.headers['x-gateway-request-id']}")
+    last_event = json.loads([line[6:] for line in streamed.text.split("\n") if line.startswith("data: ")][-1])
+    for message in (unfinished.json()["error"]["message"], last_event["error"]["message"]):
+        assert message.endswith("the request's outcome was not recorded; it can be retried.")
+    assert unopened.json()["error"]["message"].endswith("the request was not recorded and can be retried.")
+    assert unfinished.status_code == unopened.status_code == 500
+    assert pending["status"] == "pending" and absent.status_code == 404
 
 
 def test_an_internal_error_mid_stream_is_an_error_event_and_a_recorded_run(faulty: RunningGateway) -> None:
@@ -238,5 +262,5 @@ def test_a_capture_that_fails_before_its_commit_is_not_claimed_recorded(
     """The capture's transaction rolled back: no run is stored, and the answer does not say one was."""
     response, record = _with_broken_store(gateway_any_store, monkeypatch, "_ingest")
     assert response.status_code == 500
-    assert response.json()["error"]["message"] == "The gateway hit an internal error; the request can be retried."
+    assert response.json()["error"]["message"] == "The gateway hit an internal error; the request was not recorded and can be retried."
     assert record.status_code == 404
