@@ -82,10 +82,13 @@ def _refusal(down: RedisDown) -> ServiceUnavailable:
                               "try again shortly.", code="redis_unavailable", detail=str(down))
 
 
-async def readiness(store: RecordStore, redis: RedisLink | None, settings: Settings) -> JSONResponse:
-    """200 `ready` when all answers; 503 `unavailable` naming what is down when model requests cannot be
-    served (the database; Redis under `refuse`); 200 `degraded` naming Redis while limits count per
-    process (a load balancer keeps routing to a replica that serves)."""
+async def readiness(store: RecordStore, redis: RedisLink | None, settings: Settings,
+                    degraded_ok: bool = False) -> JSONResponse:
+    """200 `ready` when all answers, else 503 naming what is down: `unavailable` when model requests
+    cannot be served (the database; Redis under `refuse`), `degraded` while they are, on per-process
+    limits (Redis away under `local`). `degraded_ok` (`/readyz?degraded=ok`, what the shipped load
+    balancer probes ask): a degraded replica answers 200, so a Redis outage does not take every replica
+    out of rotation at once."""
     down: list[str] = []
     try:
         await asyncio.wait_for(aside(store.ping), READY_TIMEOUT_SECONDS)
@@ -97,7 +100,7 @@ async def readiness(store: RecordStore, redis: RedisLink | None, settings: Setti
         return JSONResponse({"status": "ready"})
     serving = down == ["redis"] and settings.redis.when_down == "local"
     return JSONResponse({"status": "degraded" if serving else "unavailable", "down": down},
-                        status_code=200 if serving else 503)
+                        status_code=200 if serving and degraded_ok else 503)
 
 
 def check_at_start(settings: Settings, store: RecordStore, *, migrate: bool = False) -> None:

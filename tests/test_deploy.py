@@ -280,7 +280,7 @@ def test_the_grace_period_covers_a_stream_and_the_drain(monkeypatch: pytest.Monk
     assert settings.server.shutdown_grace_seconds >= settings.server.upstream_timeout_seconds
     # the preStop hook runs inside the grace period, then SIGTERM: the drain, then the runs settled
     assert _pod(deployment)["terminationGracePeriodSeconds"] > int(sleep[1]) + settings.server.shutdown_grace_seconds
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz?degraded=ok"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
