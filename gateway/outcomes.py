@@ -24,6 +24,13 @@ class Accounting:
     tokens_original: int
     tokens_forwarded: int
     previous_original: int  # the client's transcript tokens on this conversation's previous request
+    # The deployment answers offline (`litellm_params.mock_response`, the demo model): LiteLLM's mock
+    # reports a made-up prompt count (10), so the run is counted with the tokens forwarded instead.
+    offline: bool = False
+
+
+def offline_deployment(litellm_params: Any) -> bool:
+    return "mock_response" in litellm_params
 
 
 def _int(value: Any) -> int | None:
@@ -51,6 +58,10 @@ def costs(accounting: Accounting, usage: dict[str, Any]) -> tuple[float | None, 
 
 def success(completion: Completion, started: float, accounting: Accounting) -> RunOutcome:
     usage = completion.usage or {}
+    if accounting.offline:
+        completed = _int(usage.get("completion_tokens")) or 0
+        usage = {**usage, "prompt_tokens": accounting.tokens_forwarded,
+                 "total_tokens": accounting.tokens_forwarded + completed}
     details = usage.get("prompt_tokens_details") or {}
     cost, cost_original, written = costs(accounting, usage)
     return RunOutcome(

@@ -26,7 +26,7 @@ from gateway.errors import (
     RateLimitExceeded,
 )
 from gateway.forwarding import ChatRelay, Conversation
-from gateway.outcomes import Accounting
+from gateway.outcomes import Accounting, offline_deployment
 from gateway.projection import assembly_record, project, projected_tokens
 from gateway.messages_forwarding import MessagesRelay
 from gateway.responses_forwarding import ResponsesRelay, request_id_for
@@ -389,6 +389,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             tokens_original=projection.tokens_original,
             tokens_forwarded=projection.tokens_forwarded,
             previous_original=ingest.previous_original_tokens,
+            offline=offline_deployment(model.litellm_params),
         )
         assembly = services.recent_assemblies.based(record, ingest.previous_request_id)
         recorder.assembly = assembly
