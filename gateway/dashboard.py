@@ -165,6 +165,7 @@ async def overview(
                      status=error.status_code)
     scope = ledger["filters"]["tenant"]
     runs = await aside(services.store.recent_runs, scope, 30)
+    models = await _models(services, principal)
     days = [d["day"] for d in ledger["by_day"]]
     token_chart = bars(days, [("tokens sent", "var(--sent)", [d["tokens_sent"] for d in ledger["by_day"]]),
                               ("tokens forwarded", "var(--fwd)", [d["tokens_forwarded"] for d in ledger["by_day"]])],
@@ -179,19 +180,18 @@ async def overview(
         "token_chart": token_chart,
         "money_chart": money_chart,
         "tenants": [t.id for t in services.settings.tenants] if principal.is_admin else [],
-        "models": await _models(services, principal),
-        "unpriced": _unpriced(services, principal),
+        "models": models,
+        "unpriced": _unpriced(services, models),
     }
     return _page(request, services, "overview.html", context)
 
 
-def _unpriced(services: Services, principal: Principal) -> list[str]:
-    """The models this principal may use that have no price: their runs show $0 (said on the page)."""
-    allowed = None if principal.is_admin or principal.tenant is None else principal.tenant.models
-    names = {m.name for m in services.settings.models if "*" not in m.name and (allowed is None or m.name in allowed)}
-    return sorted(name for name in names
-                  if any(services.upstream.prices(entry.litellm_params) is None
-                         for _, entry in services.settings.deployments(name)))
+def _unpriced(services: Services, models: list[str]) -> list[str]:
+    """Of the models the page's filter offers (never another tenant's), those without a price: their runs
+    show $0 (said on the page)."""
+    return sorted(name for name in set(models) if "*" not in name
+                  and any(services.upstream.prices(entry.litellm_params) is None
+                          for _, entry in services.settings.deployments(name)))
 
 
 def _rows(original: list[dict[str, Any]], forwarded: list[dict[str, Any]] | None,
