@@ -1,4 +1,5 @@
-"""`gateway serve | check-config | migrate-config | replay | demo | encryption rotate | gc | tenant purge`."""
+"""`gateway serve | check-config | migrate-config | replay | demo | fake-upstream | encryption rotate | gc |
+tenant purge`."""
 from __future__ import annotations
 
 import argparse
@@ -162,6 +163,25 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fake_upstream(args: argparse.Namespace) -> int:
+    from gateway.fake_upstream.agent import DEFAULT_SCRIPT, AgentScript, ScriptError
+    from gateway.fake_upstream.app import serve
+
+    if args.plain and args.script:
+        print("gateway fake-upstream: --plain answers \"ok\" to everything; it takes no --script", file=sys.stderr)
+        return 2
+    try:
+        agent = None if args.plain else AgentScript.load(args.script) if args.script else DEFAULT_SCRIPT
+    except ScriptError as error:
+        print(f"gateway fake-upstream: {error}", file=sys.stderr)
+        return 2
+    mode = "plain (\"ok\")" if agent is None else f"agent mode, {args.script or 'the built-in script'}"
+    print(f"gateway fake-upstream: http://{args.host}:{args.port}/v1 (chat/completions, responses, messages), "
+          f"{mode}", file=sys.stderr)
+    serve(args.host, args.port, agent, delay=args.delay, keep_requests=args.keep_requests)
+    return 0
+
+
 def _rotate_keys(args: argparse.Namespace) -> int:
     from gateway.app import build_store
 
@@ -308,6 +328,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--key", default="sk-acme-1", help="a tenant key (default: config.example.yaml's)")
     demo.add_argument("--model", default="demo", help="the model to ask (default: the offline demo model)")
     demo.set_defaults(run=_demo)
+    fake = sub.add_parser("fake-upstream", help="serve a fake model provider offline (OpenAI and Anthropic APIs) "
+                                                "that plays an agent: tool rounds, then an answer")
+    fake.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    fake.add_argument("--port", type=int, default=18080, help="port (default: %(default)s)")
+    fake.add_argument("--script", metavar="FILE",
+                      help="agent script (JSON: `rounds` of tool calls, then `answer`; README: Try your agent "
+                           "offline); default: three shell commands (pwd, ls -la, uname -s), then an answer")
+    fake.add_argument("--plain", action="store_true",
+                      help="no agent: answer \"ok\" to every request not queued with POST /_script")
+    fake.add_argument("--delay", type=float, default=0.0, help="seconds before each plain answer (default 0)")
+    fake.add_argument("--keep-requests", type=int, default=1000, help="requests remembered for GET /_requests")
+    fake.set_defaults(run=_fake_upstream)
     # `encryption` (once `keys`, still accepted): the storage's encryption keys, not the API keys of /api/keys
     keys_command = sub.add_parser("encryption", aliases=["keys"],
                                   help="encryption at rest: re-seal the stored conversations under a new key")

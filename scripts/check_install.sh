@@ -7,9 +7,12 @@ REPO="$PWD"
 PYTHON="${PYTHON:-python3}"
 WORK="$(mktemp -d)"
 PORT="${CHECK_INSTALL_PORT:-4099}"
+FAKE_PORT="${CHECK_INSTALL_FAKE_PORT:-18099}"
 SERVER=""
+FAKE=""
 cleanup() {
   if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
+  if [ -n "$FAKE" ]; then kill "$FAKE" 2>/dev/null || true; wait "$FAKE" 2>/dev/null || true; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -54,3 +57,22 @@ if ! "$WORK/venv/bin/gateway" demo --url "http://127.0.0.1:$PORT" > "$WORK/demo.
   echo "check-install: gateway demo failed:" >&2; tail -5 "$WORK/demo.log" >&2; exit 1
 fi
 echo "check-install: $(grep '^session ' "$WORK/demo.log")"
+
+# The offline agent of the README's "Try your agent offline": the fake upstream, from the install alone.
+"$WORK/venv/bin/gateway" fake-upstream --port "$FAKE_PORT" > "$WORK/fake.log" 2>&1 &
+FAKE=$!
+called=""
+for _ in $(seq 1 60); do
+  if ! kill -0 "$FAKE" 2>/dev/null; then
+    echo "check-install: gateway fake-upstream exited early:" >&2; tail -20 "$WORK/fake.log" >&2; exit 1
+  fi
+  called=$(curl -s --max-time 5 "http://127.0.0.1:$FAKE_PORT/v1/messages" -H "Content-Type: application/json" \
+    -d '{"model": "claude-x", "max_tokens": 64, "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+         "messages": [{"role": "user", "content": "What is in this folder?"}]}' || true)
+  if [ -n "$called" ]; then break; fi
+  sleep 0.5
+done
+if ! printf '%s' "$called" | grep -q '"name": *"Bash"'; then
+  echo "check-install: gateway fake-upstream did not ask for the Bash tool: $called" >&2; exit 1
+fi
+echo "check-install: gateway fake-upstream plays an agent (asked for Bash)"

@@ -99,9 +99,9 @@ def postgres_schema(base_url: str = POSTGRES_URL) -> Iterator[str]:
 
 @contextmanager
 def fake_upstream(delay: float = 0.0) -> Iterator[str]:
-    """tests/fake_upstream.py on a free port; yields its base URL (without /v1)."""
+    """`gateway fake-upstream --plain` on a free port; yields its base URL (without /v1)."""
     port = free_port()
-    process = subprocess.Popen([PYTHON, str(REPO / "tests" / "fake_upstream.py"), "--port", str(port),
+    process = subprocess.Popen([PYTHON, "-m", "gateway", "fake-upstream", "--plain", "--port", str(port),
                                 "--delay", str(delay)], cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

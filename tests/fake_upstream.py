@@ -1,202 +1,23 @@
-"""A scripted OpenAI-compatible upstream on a real socket, for tests and benchmarks.
+"""The fake upstream (gateway/fake_upstream/) in a thread of the test process, on a free port.
 
-Each call to `/v1/chat/completions` (or to `/v1/messages`, Anthropic's format,
-tests/fake_anthropic.py) takes the next scripted step (or answers "ok"): an
-assistant message, an HTTP error, a delay, a broken stream. Every request body
-and its headers are recorded. Streams are real SSE, with content and tool-call
-arguments split across chunks as providers do.
-
-In-process: `with FakeUpstream() as fake: fake.script_message(...)`.
-Standalone: `python tests/fake_upstream.py --port 18080`, driven over
-`POST /_script`, `POST /_default` (the step of every unscripted answer),
-`GET /_requests`, `POST /_reset`.
+`with FakeUpstream() as fake: fake.script_message(...)` queues answers step by
+step (an assistant message, an HTTP error, a delay, a broken stream) for
+`/v1/chat/completions`, `/v1/responses` and `/v1/messages` alike; `fake.requests`
+holds every request body and its headers. `fake.state.responder` (and
+`responses_responder`, `chat_responder`) answers from the conversation instead,
+as agent mode does (gateway/fake_upstream/agent.py). Standalone, as users run it:
+`gateway fake-upstream --port 18080`.
 """
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-if __package__ in (None, ""):  # run as a script: python tests/fake_upstream.py
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.fake_anthropic import add_messages_routes  # noqa: E402
-from tests.fake_responses import add_responses_routes, cached_prefix  # noqa: E402
-
-
-@dataclass
-class Step:
-    message: dict[str, Any] | None = None
-    status: int = 200
-    error: dict[str, Any] | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
-    usage: dict[str, Any] | None = None
-    break_stream_after: int | None = None  # drop the connection after N chunks
-    chunk_delay: float = 0.0  # seconds between SSE chunks
-    raw: str | None = None  # answer these bytes as they are (garbage: truncated JSON, HTML, ...)
-    content_type: str = "application/json"
-    blocks: list[dict[str, Any]] | None = None  # /v1/messages: the Anthropic content blocks to answer
-    items: list[dict[str, Any]] | None = None  # /v1/responses: the output items to answer
-    stop_reason: str | None = None  # /v1/messages: default tool_use or end_turn
-
-
-@dataclass
-class FakeState:
-    script: list[Step] = field(default_factory=list)
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    default_delay: float = 0.0  # seconds before an unscripted answer (standalone --delay)
-    anthropic_cache: set[str] = field(default_factory=set)  # /v1/messages: prefix digests written
-    tool_changes: bool = True  # /v1/messages: False answers 400 to mid-conversation tool additions
-    # /v1/messages without a scripted step: a function of the request body that gives one (an agent
-    # that decides from the conversation, so requests a client makes on the side take nothing away)
-    responder: Any = None
-    responses_responder: Any = None  # the same for /v1/responses
-    keep_requests: int | None = None  # standalone: remember only the latest N requests
-    default_step: dict[str, Any] | None = None  # the step of every unscripted answer (POST /_default)
-
-    def next_step(self) -> Step:
-        with self.lock:
-            if self.script:
-                return self.script.pop(0)
-            return Step(**self.default_step) if self.default_step is not None else Step(delay=self.default_delay)
-
-
-def _message_tokens(message: dict[str, Any]) -> int:
-    return max(1, len(json.dumps(message, sort_keys=True)) // 4)
-
-
-def _usage(body: dict[str, Any], step: Step, earlier: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    """Usage as a provider with a prefix cache reports it: cached = the longest message
-    prefix shared with an earlier request (the gateway's accounting relies on it)."""
-    if step.usage is not None:
-        return step.usage
-    messages = body.get("messages", [])
-    prompt = sum(_message_tokens(m) for m in messages)
-    cached = cached_prefix(earlier, messages, _message_tokens)
-    return {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
-            "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-def _chunks(base: dict[str, Any], message: dict[str, Any], finish: str) -> list[dict[str, Any]]:
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
-
-    out = [chunk({"role": "assistant", "content": ""})]
-    text = message.get("content") or ""
-    for i in range(0, len(text), 16):
-        out.append(chunk({"content": text[i : i + 16]}))
-    for index, call in enumerate(message.get("tool_calls") or []):
-        function = call["function"]
-        out.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                          "function": {"name": function["name"], "arguments": ""}}]}))
-        arguments = function.get("arguments") or ""
-        for i in range(0, len(arguments), 24):
-            out.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[i : i + 24]}}]}))
-    out.append(chunk({}, finish))
-    return out
-
-
-def build_app(state: FakeState) -> FastAPI:
-    app = FastAPI()
-
-    @app.post("/_script")
-    async def script(request: Request) -> dict[str, int]:
-        body = await request.json()
-        with state.lock:
-            state.script.append(Step(**body))
-        return {"queued": len(state.script)}
-
-    @app.post("/_default")
-    async def default(request: Request) -> dict[str, bool]:
-        """The step every unscripted answer takes from now on (`{}`: the plain "ok" again)."""
-        body = await request.json()
-        Step(**body)  # checked now, not on the next answer
-        with state.lock:
-            state.default_step = body or None
-        return {"ok": True}
-
-    @app.post("/_reset")
-    async def reset() -> dict[str, bool]:
-        with state.lock:
-            state.script.clear()
-            state.requests.clear()
-            state.anthropic_cache.clear()
-            state.tool_changes = True
-            state.default_step = None
-        return {"ok": True}
-
-    @app.get("/_requests")
-    async def requests_() -> list[dict[str, Any]]:
-        return state.requests
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "fake"}]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        body = await request.json()
-        with state.lock:
-            earlier = [r["body"].get("messages", []) for r in state.requests]
-            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers)})
-            number = len(state.requests)
-            if state.keep_requests is not None and len(state.requests) > state.keep_requests:
-                del state.requests[: len(state.requests) - state.keep_requests]
-        step = state.next_step()
-        if step.delay:
-            await asyncio.sleep(step.delay)
-        if step.raw is not None:
-            return Response(step.raw.encode(), status_code=step.status, media_type=step.content_type)
-        if step.status != 200:
-            error = step.error or {"message": f"scripted error {step.status}", "type": "api_error",
-                                   "param": None, "code": None}
-            return JSONResponse({"error": error}, status_code=step.status, headers=step.headers)
-        message = dict(step.message or {"role": "assistant", "content": "ok"})
-        message.setdefault("role", "assistant")
-        message.setdefault("content", None)
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
-        usage = _usage(body, step, earlier)
-        base = {"id": f"chatcmpl-fake-{number}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": body.get("model", "fake"),
-                "system_fingerprint": "fp_fake"}
-        if not body.get("stream"):
-            return JSONResponse({**base, "object": "chat.completion",
-                                 "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                                              "logprobs": None}],
-                                 "usage": usage})
-
-        async def events() -> Any:
-            chunks = _chunks(base, message, finish)
-            if (body.get("stream_options") or {}).get("include_usage"):
-                chunks.append({**base, "choices": [], "usage": usage})
-            for sent, payload in enumerate(chunks):
-                if step.break_stream_after is not None and sent >= step.break_stream_after:
-                    raise RuntimeError("scripted broken stream")
-                yield _sse(payload)
-                await asyncio.sleep(step.chunk_delay)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    add_messages_routes(app, state)
-    add_responses_routes(app, state)
-    return app
+from gateway.fake_upstream.app import build_app
+from gateway.fake_upstream.state import FakeState, Step
 
 
 class ServerThread:
@@ -253,12 +74,7 @@ class FakeUpstream:
         return f"{self._server.url}/v1"
 
     def reset(self) -> None:
-        with self.state.lock:
-            self.state.script.clear()
-            self.state.requests.clear()
-            self.state.anthropic_cache.clear()
-            self.state.tool_changes = True
-            self.state.default_step = None
+        self.state.clear()
 
     def script(self, **step: Any) -> None:
         with self.state.lock:
@@ -274,13 +90,3 @@ class FakeUpstream:
 
     def last_body(self) -> dict[str, Any]:
         return self.requests[-1]["body"]
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, default=18080)
-    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each unscripted answer")
-    parser.add_argument("--keep-requests", type=int, default=1000, help="requests remembered for GET /_requests")
-    args = parser.parse_args()
-    state = FakeState(default_delay=args.delay, keep_requests=args.keep_requests)
-    uvicorn.run(build_app(state), host="127.0.0.1", port=args.port, log_level="warning")

@@ -7,8 +7,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from gateway.fake_upstream.state import Step
 from tests.conftest import TENANT_KEY, RunningGateway, settings_for, start_gateway
-from tests.fake_upstream import FakeUpstream, Step
+from tests.fake_upstream import FakeUpstream
 
 REPORT = "\n".join(f"sensor {i}: reading {i * 3.5:.1f} within bounds" for i in range(120))
 

@@ -1,6 +1,6 @@
 """The Anthropic Messages API through the gateway, driven by the real `anthropic` SDK.
 
-The upstream is the fake's `/v1/messages` (tests/fake_anthropic.py) reached
+The upstream is the fake's `/v1/messages` (gateway/fake_upstream/messages.py) reached
 through LiteLLM's Messages API, the way a deployment with
 `litellm_params.model: anthropic/...` is.
 """
@@ -15,11 +15,11 @@ import httpx
 import pytest
 import yaml
 
+from gateway.fake_upstream.messages import cache_usage
 from gateway.rehydration import DESCRIPTION, PARAMETERS
 from gateway.tool_additions import BETAS, addition_message
 from policies.transcript import artifact_id_for, message_path
 from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway, settings_for, start_gateway
-from tests.fake_anthropic import cache_usage
 from tests.fake_upstream import FakeUpstream
 
 MODEL = "claude-sonnet-4-5"

@@ -18,8 +18,9 @@ from typing import Any, Iterator
 import pytest
 
 from gateway.app import create_app
+from gateway.fake_upstream.state import Step
 from tests.conftest import TENANT_KEY, RunningGateway, installed, settings_for
-from tests.fake_upstream import FakeUpstream, ServerThread, Step
+from tests.fake_upstream import FakeUpstream, ServerThread
 from tests.gateway.test_anthropic_messages import assert_valid_anthropic_request
 
 CLAUDE = Path(__file__).resolve().parents[1] / "clients" / "node_modules" / ".bin" / "claude"

@@ -19,8 +19,9 @@ from typing import Any, Iterator
 import pytest
 
 from gateway.app import create_app
+from gateway.fake_upstream.state import Step
 from tests.conftest import TENANT_KEY, RunningGateway, installed, settings_for
-from tests.fake_upstream import FakeUpstream, ServerThread, Step
+from tests.fake_upstream import FakeUpstream, ServerThread
 from tests.gateway.test_claude_code import ClientBodies
 from tests.gateway.test_openai_responses import assert_paired
 

@@ -11,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from gateway.fake_upstream.messages import block_tokens, cache_usage, prompt_blocks, tool_change_refusal
 from gateway.rehydration import DESCRIPTION, PARAMETERS
 from gateway.tool_additions import (
     BETAS,
@@ -22,7 +23,6 @@ from gateway.tool_additions import (
 )
 from tests.conftest import RunningGateway
 from tests.fake_upstream import FakeUpstream
-from tests.fake_anthropic import block_tokens, cache_usage, prompt_blocks, tool_change_refusal
 from tests.gateway.test_anthropic_messages import (
     READ_TOOL,
     _two_reads,

@@ -1,6 +1,6 @@
 """The Anthropic Messages side of the fake upstream: `POST /v1/messages` and `/v1/messages/count_tokens`.
 
-Answers the next scripted step (tests/fake_upstream.py's `Step`) as an
+Answers the next scripted step (gateway/fake_upstream/state.py's `Step`) as an
 Anthropic message: `blocks` as given (text, tool_use, thinking with its
 signature, ...), or built from the step's OpenAI-style `message`. Streams the
 real event sequence (message_start, ping, content_block_start/delta/stop,
@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-if TYPE_CHECKING:
-    from tests.fake_upstream import FakeState, Step
+from gateway.fake_upstream.state import FakeState, Step, scripted_failure
 
 
 def block_tokens(block: Any) -> int:
@@ -106,7 +104,7 @@ def tool_change_refusal(body: dict[str, Any], betas: str, supported: bool) -> st
     return None
 
 
-def blocks_for(step: "Step") -> list[dict[str, Any]]:
+def blocks_for(step: Step) -> list[dict[str, Any]]:
     if step.blocks is not None:
         return step.blocks
     message = step.message or {"role": "assistant", "content": "ok"}
@@ -147,38 +145,28 @@ def _block_events(index: int, block: dict[str, Any]) -> list[str]:
     return events
 
 
-def add_messages_routes(app: FastAPI, state: "FakeState") -> None:
+def add_messages_routes(app: FastAPI, state: FakeState) -> None:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> dict[str, int]:
         body = await request.json()
         with state.lock:
-            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
-                                   "path": "/v1/messages/count_tokens"})
+            state.record(request, body, "/v1/messages/count_tokens")
         return {"input_tokens": sum(block_tokens(b) for b in prompt_blocks(body))}
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
         body = await request.json()
         with state.lock:
-            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
-                                   "path": "/v1/messages"})
-            number = len(state.requests)
+            number = state.record(request, body, "/v1/messages")
             refusal = tool_change_refusal(body, request.headers.get("anthropic-beta", ""), state.tool_changes)
             if refusal is None:
                 usage = cache_usage(body, state.anthropic_cache)
         if refusal is not None:
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": refusal}},
                                 status_code=400)
-        with state.lock:
-            scripted = bool(state.script)
-        step = state.next_step() if scripted or state.responder is None else state.responder(body)
-        if step.delay:
-            await asyncio.sleep(step.delay)
-        if step.raw is not None:
-            return Response(step.raw.encode(), status_code=step.status, media_type=step.content_type)
-        if step.status != 200:
-            error = step.error or {"type": "api_error", "message": f"scripted error {step.status}"}
-            return JSONResponse({"type": "error", "error": error}, status_code=step.status, headers=step.headers)
+        step = state.answer(body, state.responder)
+        if (failure := await scripted_failure(step, anthropic=True)) is not None:
+            return failure
         blocks = blocks_for(step)
         stop = step.stop_reason or ("tool_use" if any(b.get("type") == "tool_use" for b in blocks) else "end_turn")
         usage = {**usage, "output_tokens": 7, **(step.usage or {})}

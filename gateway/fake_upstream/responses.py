@@ -1,6 +1,6 @@
 """The Responses side of the fake upstream: `POST /v1/responses` (and `/v1/embeddings`, `/v1/completions`).
 
-Answers the next scripted step (tests/fake_upstream.py's `Step`) as a Responses
+Answers the next scripted step (gateway/fake_upstream/state.py's `Step`) as a Responses
 object: `items` as given (message, function_call, reasoning with its
 encrypted_content, ...), or built from the step's OpenAI-style `message`.
 Streams the real event sequence (response.created, response.in_progress,
@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-if TYPE_CHECKING:
-    from tests.fake_upstream import FakeState, Step
+from gateway.fake_upstream.state import FakeState, Step, scripted_failure
 
 
 def _tokens(value: Any) -> int:
@@ -56,7 +55,7 @@ def usage_for(body: dict[str, Any], earlier: list[list[Any]]) -> dict[str, Any]:
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + 7}
 
 
-def items_for(step: "Step", number: int) -> list[dict[str, Any]]:
+def items_for(step: Step, number: int) -> list[dict[str, Any]]:
     if step.items is not None:
         return step.items
     message = step.message or {"role": "assistant", "content": "ok"}
@@ -103,26 +102,17 @@ def _events(response: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
-def add_responses_routes(app: FastAPI, state: "FakeState") -> None:
+def add_responses_routes(app: FastAPI, state: FakeState) -> None:
     @app.post("/v1/responses")
     async def responses(request: Request) -> Any:
         body = await request.json()
         with state.lock:
             earlier = [([{"instructions": r["body"].get("instructions")}] if r["body"].get("instructions") else [])
                        + input_items(r["body"]) for r in state.requests if r.get("path") == "/v1/responses"]
-            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
-                                   "path": "/v1/responses"})
-            number = len(state.requests)
-        step = state.next_step() if state.script or state.responses_responder is None \
-            else state.responses_responder(body)
-        if step.delay:
-            await asyncio.sleep(step.delay)
-        if step.raw is not None:
-            return Response(step.raw.encode(), status_code=step.status, media_type=step.content_type)
-        if step.status != 200:
-            error = step.error or {"message": f"scripted error {step.status}", "type": "api_error",
-                                   "param": None, "code": None}
-            return JSONResponse({"error": error}, status_code=step.status, headers=step.headers)
+            number = state.record(request, body, "/v1/responses")
+        step = state.answer(body, state.responses_responder)
+        if (failure := await scripted_failure(step)) is not None:
+            return failure
         response = {"id": f"resp_fake_{number}", "object": "response", "created_at": int(time.time()),
                     "status": "completed", "model": body.get("model", "fake"), "output": items_for(step, number),
                     "usage": step.usage or usage_for(body, earlier), "parallel_tool_calls": True,
@@ -145,8 +135,7 @@ def add_responses_routes(app: FastAPI, state: "FakeState") -> None:
     async def embeddings(request: Request) -> dict[str, Any]:
         body = await request.json()
         with state.lock:
-            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
-                                   "path": "/v1/embeddings"})
+            state.record(request, body, "/v1/embeddings")
         texts = body.get("input")
         texts = [texts] if isinstance(texts, str) else list(texts or [])
         data = [{"object": "embedding", "index": i, "embedding": [round((len(str(t)) % 7) * 0.1 + k * 0.01, 4)
@@ -159,8 +148,7 @@ def add_responses_routes(app: FastAPI, state: "FakeState") -> None:
     async def completions(request: Request) -> Any:
         body = await request.json()
         with state.lock:
-            state.requests.append({"t": time.time(), "body": body, "headers": dict(request.headers),
-                                   "path": "/v1/completions"})
+            number = state.record(request, body, "/v1/completions")
         step = state.next_step()
         if step.delay:
             await asyncio.sleep(step.delay)
@@ -169,7 +157,7 @@ def add_responses_routes(app: FastAPI, state: "FakeState") -> None:
                                 status_code=step.status)
         text = (step.message or {}).get("content") or " completed text"
         prompt = _tokens(body.get("prompt"))
-        base = {"id": f"cmpl-fake-{len(state.requests)}", "object": "text_completion", "created": int(time.time()),
+        base = {"id": f"cmpl-fake-{number}", "object": "text_completion", "created": int(time.time()),
                 "model": body.get("model", "fake")}
         usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
         if not body.get("stream"):
