@@ -153,6 +153,16 @@ def check_requests(records: list[dict[str, Any]], ids: dict[str, str]) -> None:
     assert not any(banner in text for banner in BANNERS)
 
 
+def served_lines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines of one process from its first request to its shutdown, each naming the request it was
+    written for (all but uvicorn's "running on" line)."""
+    started = next(i for i, r in enumerate(records) if r["message"] == "Application startup complete.")
+    ended = next(i for i, r in enumerate(records) if r["message"] == "Shutting down")
+    served = [r for r in records[started + 1:ended] if r["logger"] != "uvicorn.error"]
+    assert served and all("request_id" in r for r in served), [r for r in served if "request_id" not in r][:3]
+    return served
+
+
 def startup_line(records: list[dict[str, Any]]) -> dict[str, Any]:
     [ready] = [r for r in records if r["message"].startswith("gateway ready")]
     assert ready["models"] == ["fake", "claude-*", "gpt-5.1-codex"]
@@ -177,10 +187,7 @@ def test_every_line_of_a_served_session_is_json_and_names_its_request(
     # LiteLLM printed nothing (its banners and verbose prints are off), and from the first request to
     # the shutdown every line names the request it was written for.
     assert not [r for r in records if r["logger"].startswith("stray.")]
-    started = next(i for i, r in enumerate(records) if r["message"] == "Application startup complete.")
-    ended = next(i for i, r in enumerate(records) if r["message"] == "Shutting down")
-    served = [r for r in records[started + 1:ended] if r["logger"] != "uvicorn.error"]  # its "running on" line
-    assert served and all("request_id" in r for r in served), [r for r in served if "request_id" not in r][:3]
+    served = served_lines(records)
     print(f"json logs: {len(records)} lines checked, {len(served)} written while serving, {len(ids)} requests")
 
 
@@ -265,7 +272,11 @@ def test_every_line_is_json_while_codex_and_claude_code_run(agents_gateway: Gate
     by_path = {path: [r for r in access if r["path"] == path] for path in ("/v1/responses", "/v1/messages")}
     assert len(by_path["/v1/responses"]) >= len(COMMANDS) + 1 and len(by_path["/v1/messages"]) >= FILES + 1
     assert all(r["tenant"] == "acme" and r["request_id"].startswith("req_") for r in access)
+    served_lines(records)
+    # LiteLLM's usage type warns as it logs each streamed Responses call: under the id of that call
+    warned = {r["request_id"] for r in records if r["logger"] == "py.warnings"}
+    assert warned <= {r["request_id"] for r in by_path["/v1/responses"]}
     assert not [r for r in records if r["logger"].startswith("stray.")]
     assert not any(banner in json.dumps(records) for banner in BANNERS)
     print(f"json logs, codex and claude code: {len(records)} lines checked, {len(by_path['/v1/responses'])} "
-          f"Responses and {len(by_path['/v1/messages'])} Messages requests")
+          f"Responses and {len(by_path['/v1/messages'])} Messages requests, {len(warned)} warnings")
