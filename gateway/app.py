@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway import admin_api, dashboard, keys_api, model_routes, records_api
 from gateway.auth import KeyRing, metrics_caller
 from gateway.budgets import Budgets
-from gateway.boundaries import ErrorBoundary, RequestSanity, StartupFailures
+from gateway.boundaries import ErrorBoundary, RequestSanity, StartupFailures, refusal
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.dashboard_headers import DashboardHeaders
 from gateway.deployments import RoutedUpstream
@@ -27,6 +27,7 @@ from gateway.encodings import use_bundled_encodings
 from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
 from gateway.housekeeping import Housekeeping
 from gateway.key_cache import DatabaseKeys
+from gateway.logs import serve_logging
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
 from gateway.outages import counters as shared_counters, readiness
 from gateway.reload import Reloader
@@ -34,12 +35,12 @@ from gateway.request_id import RequestIdMiddleware
 from gateway.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
 from gateway.sessions import SessionSigner
+from gateway.startup_line import log_started
 from gateway.threads import aside
 from gateway.tracing import Tracing
 from gateway.tracing_middleware import TracingMiddleware
 from gateway.upstream import UpstreamClient
 from gateway.upstream_tracing import TracedUpstream
-from gateway.wire.formats import error_response
 from policies.tokens import encoding
 from storage.blobs import BlobStore, DirectoryBlobStore
 from storage.database import make_engine
@@ -123,8 +124,11 @@ CONFIG_ENV = "GATEWAY_CONFIG"  # the config file of `gateway serve --workers N`'
 
 
 def app_from_environment() -> FastAPI:
-    """The app of one worker process of `gateway serve --workers N` (uvicorn calls this in each)."""
-    return create_app(load_settings(os.environ[CONFIG_ENV]))
+    """The app of one worker process of `gateway serve --workers N` (uvicorn calls this in each, once
+    it has applied the logging config `gateway serve` gave it)."""
+    settings = load_settings(os.environ[CONFIG_ENV])
+    serve_logging(settings.log_level, settings.log_format, settings.access_log)
+    return create_app(settings)
 
 
 def create_app(
@@ -172,6 +176,7 @@ def create_app(
             tracing=tracing,
             redis=counters.redis,
         )
+        log_started(settings, app.state.services.policies)
         beating = asyncio.create_task(housekeeping.run_forever())
         reloader = Reloader(app, settings.source) if Path(settings.source).is_file() else None
         app.state.reloader = reloader
@@ -250,7 +255,7 @@ def create_app(
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
         metrics.observe_error(error.code or error.error_type, request.url.path)
-        return error_response(request.url.path, error)
+        return refusal(request.url.path, error)
 
     @app.exception_handler(EnvelopeError)
     async def sealed_record_error(request: Request, error: EnvelopeError) -> JSONResponse:
@@ -259,13 +264,13 @@ def create_app(
         else:
             gateway = GatewayError("A stored record failed its integrity check.", code="record_corrupted")
         metrics.observe_error(gateway.code or gateway.error_type, request.url.path)
-        return error_response(request.url.path, gateway)
+        return refusal(request.url.path, gateway)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error_response(request.url.path, InvalidRequest(f"{param}: {first.get('msg')}", param=param))
+        return refusal(request.url.path, InvalidRequest(f"{param}: {first.get('msg')}", param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -274,6 +279,6 @@ def create_app(
         else:
             gateway = GatewayError(str(error.detail), status_code=error.status_code, code="http_error")
             gateway.error_type = "invalid_request_error" if error.status_code < 500 else "api_error"
-        return error_response(request.url.path, gateway)
+        return refusal(request.url.path, gateway)
 
     return app

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
-
 from gateway.config import BudgetSettings, LimitSettings, Settings, TenantSettings, key_digest
 from gateway.errors import AuthenticationFailed
 from gateway.key_cache import DatabaseKeys
+from gateway.logs import note_tenant
 from gateway.threads import off_loop
 from storage.api_keys import ApiKeyRecord
 
@@ -118,6 +118,7 @@ class KeyRing:
         """The principal of a made key under the running config; 401 if revoked or expired."""
         if record is None:
             return None
+        note_tenant(record.tenant)  # a revoked or expired key still says whose it was, in the log
         if record.revoked_at is not None:
             raise AuthenticationFailed("This API key was revoked.", code="revoked_api_key")
         if record.expires_at is not None and record.expires_at <= datetime.fromtimestamp(self.clock(), timezone.utc):
@@ -153,6 +154,7 @@ def _presented(authorization: str | None, api_key: str | None) -> str:
 def _known(principal: Principal | None) -> Principal:
     if principal is None:
         raise AuthenticationFailed("Incorrect API key provided.")
+    note_tenant(principal.tenant_id)  # every line logged for the request from here on names it
     return principal
 
 

@@ -16,11 +16,13 @@ import re
 import sys
 from urllib.parse import parse_qsl
 
+from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config import Settings
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.logs import note_refusal
 from gateway.metrics import GatewayMetrics
 from gateway.outages import failure_line
 from gateway.run_recorder import internal_error, runs_recorded
@@ -49,6 +51,13 @@ def check_request_line(scope: Scope) -> None:
                                  param=name.decode("latin-1"))
 
 
+def refusal(path: str, error: GatewayError) -> JSONResponse:
+    """The error's answer in `path`'s format, its code noted for the request's log lines (the access
+    line's `code`)."""
+    note_refusal(error.code or error.error_type)
+    return error_response(path, error)
+
+
 class RequestSanity:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -58,7 +67,7 @@ class RequestSanity:
             try:
                 check_request_line(scope)
             except GatewayError as error:
-                await error_response(scope.get("path", ""), error)(scope, receive, send)
+                await refusal(scope.get("path", ""), error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -86,6 +95,7 @@ class ErrorBoundary:
             return  # nobody left to answer
         except Exception as exc:
             error = internal_error(exc, *runs_recorded(scope))
+            note_refusal(error.code or error.error_type)
             if error.status_code == 503:  # the database is away: the housekeeping says so, once
                 log.debug("%s on %s: %s", error.code, scope.get("path"), error.detail)
             else:

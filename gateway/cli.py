@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
-import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,20 +15,23 @@ from gateway.config_migration import migrate, render
 from gateway.encodings import use_bundled_encodings
 from policies.presets import PRESET_NAMES, preset
 
+log = logging.getLogger("gateway")
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import CONFIG_ENV, create_app
-    from gateway.logs import logging_config
+    from gateway.logs import logging_config, serve_logging
 
     settings = load_settings(args.config)
+    serve_logging(settings.log_level, settings.log_format, settings.access_log)  # every line from here on
     # What it stands on answers before it serves; with several processes on one socket the schema is
     # brought up to date here, once, before any of them starts (each would race the others to migrate
     # a fresh SQLite file).
     problem = _cannot_start(settings, migrate=args.workers > 1)
     if problem is not None:
-        print(f"gateway: cannot start: {problem}", file=sys.stderr)
+        log.error("gateway: cannot start: %s", problem)
         return 1
     where = {"host": args.host or settings.server.host,
              "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level,
@@ -54,8 +57,7 @@ def _cannot_start(settings: Settings, *, migrate: bool) -> str | None:
         store = build_store(settings)
         check_at_start(settings, store, migrate=migrate)
     except Exception as exc:
-        if settings.log_level == "debug":
-            traceback.print_exc()
+        log.debug("the start failed", exc_info=exc)  # the traceback, at `log_level: debug`
         return failure_line(exc, settings)
     finally:
         if store is not None:

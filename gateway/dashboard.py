@@ -25,6 +25,7 @@ from gateway import dashboard_guard as guard
 from gateway.auth import Principal
 from gateway.charts import bars
 from gateway.errors import AuthenticationFailed, GatewayError
+from gateway.logs import note_refusal
 from gateway.records_api import savings_ledger
 from gateway.run_recorder import outcomes_written
 from gateway.services import Services, ServicesDep
@@ -87,6 +88,7 @@ def _page(request: Request, services: Services, name: str, context: dict[str, An
 
 
 def _refused(request: Request, services: Services, reason: str) -> Response:
+    note_refusal("permission_denied")
     return _page(request, services, "refused.html", {"principal": None, "message": reason}, status=403)
 
 
@@ -111,10 +113,11 @@ async def login(request: Request, services: ServicesDep, api_key: str = Form("")
     try:
         principal = await services.keyring.afind(key) if key else None
     except AuthenticationFailed as error:  # a made key revoked or expired: said as such
-        principal, message = None, error.message
+        principal, message, code = None, error.message, error.code
     else:
-        message = "That key is not known here."
+        message, code = "That key is not known here.", "invalid_api_key"
     if principal is None:
+        note_refusal(code or "invalid_api_key")
         return _page(request, services, "login.html", {"principal": None, "error": message}, status=401)
     cookie = await aside(start_session, services.store, services.sessions, principal, services.clock())
     response = RedirectResponse("/dashboard", status_code=303)
@@ -160,6 +163,7 @@ async def overview(
     try:
         ledger = await savings_ledger(services, principal, start, end, model or None, None, tenant or None)
     except GatewayError as error:  # a bad filter: said on a page, escaped like every other string
+        note_refusal(error.code or error.error_type)
         return _page(request, services, "error.html",
                      {"principal": principal, "message": error.message, "status": error.status_code},
                      status=error.status_code)
@@ -232,6 +236,7 @@ async def inspector(request_id: str, request: Request, services: ServicesDep) ->
         return _login_redirect()
     record = await aside(services.store.get_run, request_id, principal.scope())
     if record is None:  # another tenant's request looks like no request at all
+        note_refusal("not_found")
         return _page(request, services, "not_found.html", {"principal": principal}, status=404)
     original = await aside(services.store.path_messages, record.run["leaf_node_id"])
     forwarded = await aside(services.store.forwarded_messages, request_id, principal.scope())

@@ -23,6 +23,15 @@ use_bundled_encodings()
 
 import litellm  # noqa: E402
 
+from gateway.logs import LITELLM_LOGGERS, hand_over  # noqa: E402
+
+# Nothing printed on LiteLLM's own account: no "Give Feedback / Get Help" banner with each mapped
+# exception or unknown provider, no verbose prints; its loggers' records go to the gateway's handler
+# (JSON, with the request id) at the gateway's log level instead of its coloured one.
+litellm.suppress_debug_info = True
+litellm.set_verbose = False
+hand_over(LITELLM_LOGGERS)
+
 # Anthropic-format requests to OpenAI-wire deployments go over chat completions, which every
 # OpenAI-compatible server has (LiteLLM would otherwise pick the Responses API for them).
 litellm.use_chat_completions_url_for_anthropic_messages = True
@@ -57,9 +66,14 @@ def _root_causes(exc: BaseException) -> list[str]:
 def map_error(exc: Exception, request: Any = None) -> UpstreamError:
     """The UpstreamError for a failure LiteLLM (or the direct transport) raised: the provider's status,
     and a short message a client may read (gateway/upstream_errors.py); the whole text goes to the log
-    with `request`'s id (an UpstreamRequest, or None)."""
+    with `request`'s id (an UpstreamRequest, or None) and the error's code."""
+    error = _mapped(exc, request)
     original = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
-    log_upstream_error(getattr(request, "request_id", None), type(exc).__name__, original)
+    log_upstream_error(getattr(request, "request_id", None), type(exc).__name__, original, error.code)
+    return error
+
+
+def _mapped(exc: Exception, request: Any) -> UpstreamError:
     api_base = str((getattr(request, "litellm_params", None) or {}).get("api_base") or "")
     said = client_message(str(getattr(exc, "message", None) or exc), hidden=(api_base, api_base.rstrip("/")))
     causes = _root_causes(exc)

@@ -3,9 +3,12 @@ sniffing), and every request leaves one line in the access log.
 
 A client's own `x-request-id` (visible ASCII, at most 200 characters) is honoured:
 it comes back in the response's `x-request-id` and goes into the access log beside
-the gateway's id; without one, `x-request-id` is the gateway's id. The access line
-of a model request carries its run: tenant, model, the deployment that answered,
-wire format, status, tokens as sent and as forwarded, usage, cost and the error.
+the gateway's id; without one, `x-request-id` is the gateway's id. Every line logged
+while the request is served carries its id (gateway/logs.py's request context, which
+this middleware opens). The access line names the tenant once a key named one, and
+the error code of a refusal; that of a model request carries its run: model, the
+deployment that answered, wire format, status, tokens as sent and as forwarded,
+usage, cost and the error.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.logs import ACCESS_LOGGER
+from gateway.logs import ACCESS_LOGGER, close_request, open_request
 from gateway.run_recorder import recorders_of
 
 REQUEST_ID_HEADER = "x-gateway-request-id"
@@ -62,6 +65,8 @@ def _run_fields(scope: Scope) -> dict[str, Any]:
             "cost_usd": outcome.cost_usd, "upstream_latency_ms": round(outcome.latency_ms, 3),
             "error_type": outcome.error_type,
         })
+        if outcome.error_type is not None:
+            fields["code"] = outcome.error_type  # the gateway error code the run ended with
         if outcome.deployment is not None:
             fields["deployment"] = outcome.deployment
             fields["upstream_model"] = outcome.upstream_model
@@ -79,6 +84,7 @@ class RequestIdMiddleware:
             return
         started = time.perf_counter()
         request_id = new_request_id()
+        context, token = open_request(request_id)
         theirs = client_request_id(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         headers = [(REQUEST_ID_HEADER.encode(), request_id.encode()),
@@ -97,8 +103,9 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             if access_log.isEnabledFor(logging.INFO):
-                fields = {"request_id": request_id, "client_request_id": theirs, "method": scope.get("method"),
+                fields = {**context.fields(), "client_request_id": theirs, "method": scope.get("method"),
                           "path": scope.get("path"), "status": status or None,
                           "latency_ms": round((time.perf_counter() - started) * 1000, 3), **_run_fields(scope)}
                 access_log.info("%s %s %s", scope.get("method"), scope.get("path"), status or "-",
                                 extra={"fields": fields})
+        close_request(token)  # only on a normal return: the server's own line on an escaping error names it too

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from gateway.auth import KeyRing, Principal
+from gateway.logs import note_tenant
 from storage.records import RecordStore
 
 COOKIE = "gw_session"
@@ -91,7 +92,9 @@ def signed_in(store: RecordStore, signer: SessionSigner, keyring: KeyRing, cooki
     record = store.dashboard_session(claim.session_id)
     if record is None or record.key_id != claim.key_id:
         return None
-    return keyring.session_principal(record.key_id, record.api_key)
+    principal = keyring.session_principal(record.key_id, record.api_key)
+    note_tenant(principal.tenant_id if principal else None)
+    return principal
 
 
 def end_session(store: RecordStore, signer: SessionSigner, cookie: str | None, now: float) -> None:

@@ -77,7 +77,8 @@ def client_message(text: str, hidden: Iterable[str] = ()) -> str:
     return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 3].rstrip() + "..."
 
 
-def log_upstream_error(request_id: str | None, kind: str, text: str) -> None:
-    """The whole text of an upstream failure, for the operator, with the run it failed."""
-    log.warning("upstream error: %s", kind, extra={"fields": {"request_id": request_id, "error_type": kind,
-                                                              "upstream_error": text}})
+def log_upstream_error(request_id: str | None, kind: str, text: str, code: str | None = None) -> None:
+    """The whole text of an upstream failure, for the operator, with the run it failed and the gateway
+    error code it becomes."""
+    fields = {"request_id": request_id, "error_type": kind, "upstream_error": text}
+    log.warning("upstream error: %s", kind, extra={"fields": fields | ({"code": code} if code else {})})

@@ -141,6 +141,7 @@ class Gateway:
     workers: int = 1
     env: dict[str, str] | None = None  # the process's environment (default: this one's)
     ready_seconds: float = 60.0  # how long `start` waits for /readyz
+    errors: Path | None = None  # where stderr goes, apart from stdout (default: into `log` with it)
 
     @property
     def url(self) -> str:
@@ -148,11 +149,12 @@ class Gateway:
 
     def start(self, seconds: float | None = None) -> "Gateway":
         """Start the process and wait up to `seconds` (default `ready_seconds`) until it is ready."""
-        with self.log.open("ab") as log:
+        with self.log.open("ab") as log, (self.errors or self.log).open("ab") as errors:
             self.process = subprocess.Popen(
                 [PYTHON, "-m", "gateway.cli", "serve", "--config", str(self.config), "--port", str(self.port),
                  "--workers", str(self.workers)],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT if self.errors is None else errors,
+                start_new_session=True,
                 env={**(os.environ if self.env is None else self.env), "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
         try:
             wait_until_up(f"{self.url}/readyz", self.ready_seconds if seconds is None else seconds,

@@ -38,12 +38,17 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     raise ValueError(f"unsupported storage url {parsed.render_as_string(hide_password=True)!r}: use sqlite:/// or postgresql+psycopg://")
 
 
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})  # libpq's, also accepted in the query string
+
+
 def safe_url(url: str) -> str:
-    """`url` without its password."""
+    """`url` without its password, in the user part or the query string."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except sa_exc.ArgumentError:
-        return url
+        return url.rsplit("@", 1)[-1]  # not a URL SQLAlchemy reads: nothing of what comes before an '@'
+    hidden = {name: "***" for name in parsed.query if name.lower() in _SECRET_PARAMETERS}
+    return (parsed.update_query_dict(hidden) if hidden else parsed).render_as_string(hide_password=True)
 
 
 def unavailable(exc: BaseException) -> str | None:

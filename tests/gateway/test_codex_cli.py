@@ -42,6 +42,22 @@ def model(body: dict[str, Any]) -> Step:
     return Step(message={"role": "assistant", "content": FINAL})
 
 
+def codex_config(api_base: str) -> str:
+    """$CODEX_HOME/config.toml: the gateway at `api_base` as a Responses provider, commands run unasked."""
+    return f'''model = "gpt-5.1-codex"
+model_provider = "gateway"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+
+[model_providers.gateway]
+name = "Context gateway"
+base_url = "{api_base}"
+env_key = "GATEWAY_API_KEY"
+wire_api = "responses"
+supports_websockets = false
+'''
+
+
 @pytest.fixture
 def codex() -> Path:
     return installed(CODEX, "`npm install --prefix tests/clients` installs the pinned Codex CLI")
@@ -67,18 +83,7 @@ def test_codex_runs_commands_through_the_gateway(codex: Path, gateway: tuple[Run
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    (home / "config.toml").write_text(f'''model = "gpt-5.1-codex"
-model_provider = "gateway"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-
-[model_providers.gateway]
-name = "Context gateway"
-base_url = "{running.api_base}"
-env_key = "GATEWAY_API_KEY"
-wire_api = "responses"
-supports_websockets = false
-''')
+    (home / "config.toml").write_text(codex_config(running.api_base))
     running.fake.state.responses_responder = model
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home), "GATEWAY_API_KEY": TENANT_KEY}
     done = subprocess.run([str(codex), "exec", "--skip-git-repo-check", "Run the six commands and report."],

@@ -72,7 +72,7 @@ def test_formatters_carry_the_fields() -> None:
     assert (as_json["message"], as_json["request_id"], as_json["tokens_sent"], as_json["note"]) == (
         "POST /v1/x", "req_1", 12, "ünïcode")
     text = TextFormatter().format(record)
-    assert "POST /v1/x" in text and "request_id=req_1" in text and "tokens_sent=12" in text
+    assert "gateway.access req_1 POST /v1/x" in text and "tokens_sent=12" in text  # the request id up front
 
 
 def test_no_line_passes_the_bound_whatever_an_error_carries() -> None:

@@ -7,6 +7,7 @@ through a TCP proxy of the test's own.
 """
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -266,7 +267,10 @@ def test_a_start_that_cannot_reach_what_it_needs_says_so_in_one_line(what: str, 
             "postgresql": f"database postgresql+psycopg://postgres:***@127.0.0.1:{dead}/test: ",
             "redis": f"redis redis://:***@127.0.0.1:{dead}/0: "}[what]
     assert started.returncode == 1
-    [line] = started.stderr.splitlines()
+    [line] = started.stderr.splitlines()  # one JSON line, as every line the server writes
+    record = json.loads(line)
+    assert (record["level"], record["logger"]) == ("error", "gateway")
+    line = record["message"]
     assert line.startswith(f"gateway: cannot start: {said}"), line
     assert what == "sqlite" or "refused" in line.lower()
     assert "s3cret" not in started.stderr and "Traceback" not in started.stderr
