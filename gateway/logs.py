@@ -2,9 +2,10 @@
 
 `logging_config(...)` is a `logging.config.dictConfig` mapping that `gateway serve` hands to uvicorn,
 so every worker process logs the same way: one handler on the root logger, JSON (or plain text with
-`log_format: text`). The gateway's loggers, uvicorn's and LiteLLM's ("LiteLLM", "LiteLLM Router",
-"LiteLLM Proxy", whose own coloured handler gateway/litellm_base.py takes away) speak at `log_level`;
-every other library (and Python's warnings, `captureWarnings`) at warning and above. uvicorn's access
+`log_format: text`). The gateway's loggers and uvicorn's speak at `log_level`; LiteLLM's ("LiteLLM",
+"LiteLLM Router", "LiteLLM Proxy", whose own coloured handler gateway/litellm_base.py takes away) at
+`log_level: debug`, else at warning and above like every other library (and Python's warnings,
+`captureWarnings`): its info lines repeat, once per call, what the access line says. uvicorn's access
 log is off, since `gateway.access` writes a richer one (request id, tenant, model, deployment, tokens,
 latency, error code) for every request. `serve_logging` also turns what would reach stdout or stderr
 outside the logging module into records (gateway/stray_output.py).
@@ -180,7 +181,8 @@ def logging_config(level: str, log_format: str, access_log: bool = True) -> dict
             "uvicorn": {"level": ours},
             "uvicorn.error": {"level": ours},
             "uvicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False},
-            **{name: {"handlers": [], "level": ours, "propagate": True} for name in LITELLM_LOGGERS},
+            **{name: {"handlers": [], "level": ours if ours == "DEBUG" else logging.getLevelName(others),
+                      "propagate": True} for name in LITELLM_LOGGERS},
         },
     }
 
