@@ -7,19 +7,19 @@ CONFIG ?= config.example.yaml
 .PHONY: run demo test bench clean
 
 # uv installs the dependencies in seconds where pip takes a minute or more; pip if uv cannot be had.
-INSTALL = if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install --quiet --python $(BIN)/python; \
-	else $(BIN)/pip install --quiet; fi
+install = if [ -x $(BIN)/uv ]; then $(BIN)/uv pip install --quiet --python $(BIN)/python $(1); \
+	else $(BIN)/pip install --quiet $(1); fi
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check uv || $(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(INSTALL) -e .
+	$(call install,-e .)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(INSTALL) -e '.[dev]'
+	$(call install,-e '.[dev]')
 	touch $(VENV)/.installed $@
 
 run: $(VENV)/.installed
