@@ -76,3 +76,28 @@ if ! printf '%s' "$called" | grep -q '"name": *"Bash"'; then
   echo "check-install: gateway fake-upstream did not ask for the Bash tool: $called" >&2; exit 1
 fi
 echo "check-install: gateway fake-upstream plays an agent (asked for Bash)"
+
+# The image, built the same way, where a Docker daemon answers (none on the CI machine: it is said).
+if command -v docker > /dev/null && docker info > /dev/null 2>&1; then
+  docker build --quiet -f "$REPO/deploy/Dockerfile" -t context-gateway:check "$REPO" > "$WORK/docker.log" 2>&1 \
+    || { echo "check-install: docker build failed:" >&2; tail -20 "$WORK/docker.log" >&2; exit 1; }
+  kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; SERVER=""  # the port is the image's now
+  # the example config with its SQLite file and blobs in the image's writable /data
+  sed -e 's|sqlite:///./gateway.db|sqlite:////data/gateway.db|' -e 's|{dir: ./blobs}|{dir: /data/blobs}|' \
+    "$REPO/config.example.yaml" > "$WORK/image-config.yaml"
+  cid=$(docker run -d --rm -p "127.0.0.1:$PORT:4000" \
+    -v "$WORK/image-config.yaml:/etc/gateway/config.yaml:ro" context-gateway:check)
+  trap 'docker rm -f "$cid" > /dev/null 2>&1; cleanup' EXIT
+  for _ in $(seq 1 120); do
+    answer=$(curl -s --max-time 5 "http://127.0.0.1:$PORT/v1/chat/completions" \
+      -H "Authorization: Bearer sk-acme-1" -H "Content-Type: application/json" \
+      -d '{"model": "demo", "messages": [{"role": "user", "content": "hello"}]}' || true)
+    if printf '%s' "$answer" | grep -q "offline demo model"; then break; fi
+    sleep 1
+  done
+  printf '%s' "$answer" | grep -q "offline demo model" \
+    || { echo "check-install: the image did not answer the README's curl" >&2; docker logs "$cid" | tail -20 >&2; exit 1; }
+  echo "check-install: the Docker image answers the README's curl"
+else
+  echo "check-install: no Docker daemon here: the image was not built"
+fi
