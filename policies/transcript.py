@@ -86,21 +86,91 @@ def message_path(tenant: str, messages: Iterable[Mapping[str, Any]],
     return path
 
 
-def conversation_id_for(tenant: str, label: str | None, path: Sequence[PathNode]) -> str:
+def label_conversation_id(tenant: str, label: str) -> str:
+    """The conversation a session label names: `conv_` and a hash of tenant and label, so labels of any
+    length fit and two tenants' labels never meet."""
+    digest = hashlib.blake2b(f"{tenant}\x00{label}".encode("utf-8", "surrogatepass"), digest_size=NODE_ID_BYTES)
+    return f"conv_{digest.hexdigest()}"
+
+
+_CONTEXT_ROLES = ("system", "developer")
+
+
+def opening_answer(path: Sequence[PathNode]) -> PathNode | None:
+    """The model's first answer on the path: the first assistant message after the first message that is
+    no system prompt (the opening). An assistant message that ends the path is not one: the request
+    asks the model to continue it (a prefill), so it was not the model's answer."""
+    opened = False
+    for node in path[:-1]:
+        role = node.message.get("role")
+        if opened and role == "assistant":
+            return node
+        opened = opened or role not in _CONTEXT_ROLES
+    return None
+
+
+def first_user_node(path: Sequence[PathNode]) -> PathNode | None:
+    """The first user message of the path (what the dashboard names an unlabelled conversation by)."""
+    return next((node for node in path if node.message.get("role") == "user"), None)
+
+
+_TEXT_PARTS = ("text", "output_text")
+
+
+def _answer_text(content: Any) -> str:
+    """The text of an answer's content as every format carries it: a string, text parts (Chat, Anthropic
+    blocks) or Responses message items holding output text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    texts = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif part.get("type") == "message":
+            texts.append(_answer_text(part.get("content")))
+    return "".join(texts)
+
+
+def answer_fingerprint(message: Mapping[str, Any]) -> str:
+    """What identifies a model's answer however its client sends it back: its text (whitespace at its
+    ends aside) and its calls (id, name, arguments). What clients drop or rewrite when they replay an
+    answer (item ids, statuses, annotations, citations, thinking and reasoning blocks) is left out."""
+    calls = [[call.get("id"), (call.get("function") or {}).get("name"), (call.get("function") or {}).get("arguments")]
+             for call in message.get("tool_calls") or [] if isinstance(call, Mapping)]
+    return canonical_json({"text": _answer_text(message.get("content")).strip(), "calls": calls})
+
+
+def opening_conversation_id(tenant: str, parent_id: str | None, answer: Mapping[str, Any]) -> str:
+    """The conversation opened by the model's answer `answer` to the transcript ending at node `parent_id`."""
+    digest = hashlib.blake2b(digest_size=NODE_ID_BYTES)
+    for part in ("opening", tenant, parent_id or "", answer_fingerprint(answer)):
+        encoded = part.encode("utf-8", "surrogatepass")
+        digest.update(len(encoded).to_bytes(8, "big"))
+        digest.update(encoded)
+    return digest.hexdigest()
+
+
+def conversation_id_for(tenant: str, label: str | None, path: Sequence[PathNode], request_id: str) -> str:
     """The conversation a request belongs to: the unit users see, count and delete.
 
-    A session label names it (`conv_` and a hash of tenant and label, so labels of
-    any length fit and two tenants' labels never meet); without one, the node of
-    the first message after the system prompt, so agents that share a system
-    prompt share a tree but not a conversation.
+    A session label names it (`label_conversation_id`). Without one, its first exchange does: the
+    transcript up to the model's first answer, with that answer (`opening_conversation_id`). A client
+    that sends its transcript again with the model's answers in it stays in its conversation; two
+    clients that open alike (same system prompt, same first message) part at the model's answers,
+    which differ (calls carry ids of their own). A request before any answer (`request_id`) is a
+    conversation of its own until its answer is known: the store then moves it into the conversation
+    that answer opens (storage/conversations.py), the one its client's next request lands in.
     """
     if label:
-        digest = hashlib.blake2b(f"{tenant}\x00{label}".encode("utf-8", "surrogatepass"), digest_size=NODE_ID_BYTES)
-        return f"conv_{digest.hexdigest()}"
-    for node in path:
-        if node.message.get("role") not in ("system", "developer"):
-            return node.id
-    return path[-1].id
+        return label_conversation_id(tenant, label)
+    answer = opening_answer(path)
+    if answer is None:
+        return request_id
+    return opening_conversation_id(tenant, answer.parent_id, answer.message)
 
 
 def artifact_id_for(node: str) -> str:

@@ -25,6 +25,8 @@ from policies.transcript import (
     PathNode,
     artifact_id_for,
     conversation_id_for,
+    first_user_node,
+    label_conversation_id,
     tool_call_pk,
     tool_result_bytes,
 )
@@ -135,10 +137,11 @@ class Capture(PathReads, RunOutcomes):
     def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> _Written:
         tenant = run.tenant
         session_id = path[0].id
-        conversation = conversation_id_for(tenant, run.session_label, path)
+        conversation = conversation_id_for(tenant, run.session_label, path, run.request_id)
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
-        self._hold_conversation(connection, tenant, conversation, now)
+        opening = first_user_node(path)
+        self._hold_conversation(connection, tenant, conversation, now, opening.id if opening else None)
         parent = self._parent_run(connection, run)
         if run.parent_request_id is not None and parent is None:  # unknown, or another tenant's: one answer
             raise UnknownParentRequest(run.parent_request_id)
@@ -383,13 +386,14 @@ class Capture(PathReads, RunOutcomes):
     def open_run(self, run: RunStart) -> None:
         """A pending run without a transcript (embeddings, completions): it is its own conversation,
         unless a session label names one."""
-        conversation = conversation_id_for(run.tenant, run.session_label, ()) if run.session_label else run.request_id
+        conversation = label_conversation_id(run.tenant, run.session_label) if run.session_label else run.request_id
         with self.engine.begin() as connection:
             self._touch_conversation(connection, run.tenant, conversation, self._now())
             parent = self._parent_run(connection, run)
             connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
 
-    def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime) -> None:
+    def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime,
+                           opening_node: str | None) -> None:
         """Lock the conversation's row for this capture, which garbage collection and deletion take
         exclusively (so neither runs across a capture), and record the conversation's activity.
 
@@ -404,19 +408,4 @@ class Capture(PathReads, RunOutcomes):
         if self.is_postgresql and connection.scalar(
                 _SHARE_ACTIVE_CONVERSATION, {"id": conversation, "since": now - ACTIVE_WINDOW}) is not None:
             return
-        self._touch_conversation(connection, tenant, conversation, now)
-
-    def _touch_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime) -> None:
-        """Record the conversation's activity, which retention counts from (storage/retention.py)."""
-        statement = self._ignoring_conflicts.get(Conversation)  # the cache of statements built once
-        if statement is None:
-            table = Conversation.__table__
-            values = self._insert(table).values(id=bindparam("id"), tenant=bindparam("tenant"),
-                                                created_at=bindparam("now"), last_active_at=bindparam("now"),
-                                                collected=0)
-            statement = self._ignoring_conflicts[Conversation] = values.on_conflict_do_update(
-                index_elements=[table.c.id],
-                set_={"last_active_at": values.excluded.last_active_at, "collected": 0},
-                where=table.c.last_active_at <= values.excluded.last_active_at,
-            )
-        connection.execute(statement, {"id": conversation, "tenant": tenant, "now": now})
+        self._touch_conversation(connection, tenant, conversation, now, opening_node)

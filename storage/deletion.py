@@ -22,7 +22,7 @@ from sqlalchemy import Connection, delete, exists, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from policies.transcript import conversation_id_for
+from policies.transcript import label_conversation_id
 from storage.schema import (
     Blob, ContextAssembly, Conversation, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall,
 )
@@ -58,7 +58,7 @@ class Deletion(StoreBase):
         return counts
 
     def _delete_conversation(self, tenant: str, key: str) -> tuple[dict[str, int], set[str]]:
-        candidates = {key, conversation_id_for(tenant, key, ())}  # an id, or the id a label names
+        candidates = {key, label_conversation_id(tenant, key)}  # an id, or the id a label names
         with Session(self.engine) as session, session.begin():
             conversations = set(session.scalars(
                 select(ModelRun.conversation_id).where(ModelRun.tenant == tenant,

@@ -68,6 +68,9 @@ class RunOutcome:
     deployment: str | None = None
     upstream_model: str | None = None
     attempts: tuple[Mapping[str, Any], ...] = ()
+    # The answer as its client will send it back (the neutral transcript's assistant message), given for
+    # a run before any answer: it moves into the conversation this answer opens (storage/conversations.py).
+    answer: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """A run's outcome: how it ended, and the record of its assembly (the other half of a run's record,
-after storage/capture.py opened it)."""
+after storage/capture.py opened it). A run that opened its conversation moves into the one its answer
+opens (storage/conversations.py)."""
 from __future__ import annotations
 
 import zlib
@@ -7,11 +8,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, insert, update
 
+from policies.transcript import opening_conversation_id
 from storage.canonical import fast_canonical_json
+from storage.conversations import Conversations
 from storage.encryption import forwarded_aad, run_error_aad, run_response_aad
 from storage.record_types import AssemblyRecord, RunOutcome, assembly_to_row, message_digest
 from storage.schema import ContextAssembly, ForwardedMessage, ModelRun
-from storage.store_base import StoreBase
 
 _RUNS = ModelRun.__table__
 # How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
@@ -27,12 +29,12 @@ _FINISH_RUN = (
             "key_id", "finished_at")},
         **{name: func.coalesce(bindparam(name, type_=_RUNS.c[name].type), _RUNS.c[name]) for name in _KEPT_UNLESS_GIVEN},
     })
-    .returning(_RUNS.c.tenant, _RUNS.c.conversation_id)
+    .returning(_RUNS.c.tenant, _RUNS.c.conversation_id, _RUNS.c.leaf_node_id)
 )
 _INSERT_ASSEMBLY = insert(ContextAssembly.__table__)
 
 
-class RunOutcomes(StoreBase):
+class RunOutcomes(Conversations):
     def finish_run(
         self, request_id: str, outcome: RunOutcome, assembly: AssemblyRecord | None = None
     ) -> bool:
@@ -69,12 +71,17 @@ class RunOutcomes(StoreBase):
 
         def write(connection: Connection) -> bool:
             finished = connection.execute(_FINISH_RUN, values).first()
-            if assembly_row is not None and finished is not None:
-                tenant, conversation = finished
+            if finished is None:
+                return False
+            tenant, conversation, leaf = finished
+            if outcome.answer is not None and conversation == request_id and leaf != request_id:
+                conversation = opening_conversation_id(tenant, leaf, outcome.answer)
+                self._adopt_first_run(connection, tenant, request_id, conversation)
+            if assembly_row is not None:
                 self._insert_ignoring_conflicts(connection, ForwardedMessage, [
                     {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
                 connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
-            return finished is not None
+            return True
 
         return self._in_transaction(write)
 

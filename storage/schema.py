@@ -58,12 +58,13 @@ class ModelRun(Base):
     session_id: Mapped[str] = mapped_column(ID, index=True)
     session_label: Mapped[str | None] = mapped_column(String(256))
     # The conversation: the unit users see, count and delete. `conv_<hash of tenant and label>`
-    # for a session label, else the node of the first message after the system prompt.
-    # Agents that share a system prompt share a tree (`session_id`), not a conversation.
+    # for a session label, else its first exchange (policies.transcript.conversation_id_for): a run
+    # before any answer is its own (its request id) until its answer moves it into the conversation
+    # that answer opens. Agents that share a system prompt share a tree (`session_id`), not a conversation.
     conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
     participant: Mapped[str] = mapped_column(String(256))
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
-    # A subagent run's parent's conversation (a run's conversation never changes): the subagent runs of a
+    # A subagent run's parent's conversation (moved with it when a first run is moved): the subagent runs of a
     # conversation are found through this index, without reading the conversation's every run.
     parent_conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
     model: Mapped[str] = mapped_column(String(256))
@@ -261,6 +262,9 @@ class Conversation(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_active_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     collected: Mapped[int] = mapped_column(Integer, default=0)
+    # The node of its first user message, which the dashboard names an unlabelled conversation by (no
+    # foreign key: retention may remove the node and keep the row; the name then falls back to the id).
+    opening_node_id: Mapped[str | None] = mapped_column(ID)
 
 
 Index("ix_conversations_tenant_last_active", Conversation.tenant, Conversation.last_active_at)

@@ -58,21 +58,21 @@ def test_delete_a_labelled_session(gateway: RunningGateway, tmp_path: Path) -> N
         assert http.delete("/api/sessions/ticket-2").status_code == 404  # not theirs to delete
     with gateway.client(key=ADMIN_KEY) as http:
         assert http.delete("/api/sessions/ticket-2").status_code == 400  # admin names the tenant
-        assert http.delete(f"/api/sessions/{theirs['session_id']}", params={"tenant": "globex"}).status_code == 200
+        assert http.delete(f"/api/sessions/{theirs['conversation_id']}", params={"tenant": "globex"}).status_code == 200
     assert blob.exists()  # acme's ticket-2 holds the same output
     with gateway.client() as http:
         assert http.delete("/api/sessions/ticket-2").json()["deleted"]["blobs"] == 1
     assert not blob.exists()  # no artifact names it any more
 
 
-def test_delete_by_session_id_removes_the_whole_tree(gateway: RunningGateway) -> None:
+def test_delete_by_conversation_id_removes_every_request_of_it(gateway: RunningGateway) -> None:
     first = send(gateway, conversation("Build project A."))
     branch = conversation("Build project A.") + [{"role": "assistant", "content": "done"},
                                                  {"role": "user", "content": "again"}]
     second = send(gateway, branch)
-    assert first["session_id"] == second["session_id"]
+    assert first["conversation_id"] == second["conversation_id"]  # the same first exchange
     with gateway.client() as http:
-        deleted = http.delete(f"/api/sessions/{first['session_id']}").json()["deleted"]
+        deleted = http.delete(f"/api/sessions/{first['conversation_id']}").json()["deleted"]
         assert deleted["model_runs"] == 2 and deleted["message_nodes"] == 5
         assert http.get(f"/api/requests/{second['id']}").status_code == 404
 

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from policies.protocol import orphan_tool_messages
 from policies.tool_status import tool_result_status
-from policies.transcript import canonical_message, message_path, node_id, tool_result_bytes
+from policies.transcript import (answer_fingerprint, canonical_message, conversation_id_for, label_conversation_id,
+                                 message_path, node_id, opening_answer, tool_result_bytes)
 
 
 def test_node_ids_chain_over_tenant_parent_and_message() -> None:
@@ -27,6 +28,55 @@ def test_reserialised_history_keeps_its_identity() -> None:
     # but a different argument is a different message
     changed = {**sent, "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{ }"}}]}
     assert node_id("t", None, changed) != node_id("t", None, sent)
+
+
+SYSTEM = {"role": "system", "content": "agent"}
+HI = {"role": "user", "content": "hi"}
+
+
+def test_the_opening_answer_is_the_first_assistant_message_after_the_opening() -> None:
+    greeting = {"role": "assistant", "content": "How can I help?"}  # the client's own, before anyone spoke
+    answer = {"role": "assistant", "content": "Hello."}
+    assert opening_answer(message_path("t", [SYSTEM, HI])) is None
+    assert opening_answer(message_path("t", [SYSTEM, HI, answer])) is None  # a prefill: the model continues it
+    path = message_path("t", [SYSTEM, HI, answer, {"role": "user", "content": "more"}])
+    assert opening_answer(path) == path[2]
+    path = message_path("t", [SYSTEM, greeting, HI, answer, {"role": "user", "content": "more"}])
+    assert opening_answer(path) == path[3]
+
+
+def test_an_answer_is_known_however_its_client_sends_it_back() -> None:
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]
+    chat = {"role": "assistant", "content": None, "tool_calls": calls}
+    echoed = {"role": "assistant", "content": "", "refusal": None, "tool_calls": [{**calls[0], "index": 0}]}
+    assert answer_fingerprint(chat) == answer_fingerprint(echoed)
+    responses = {"role": "assistant", "content": [
+        {"type": "reasoning", "id": "rs_1", "encrypted_content": "x"},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Hello.", "annotations": []}]}]}
+    replayed = {"role": "assistant", "content": [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello. "}]}]}
+    assert answer_fingerprint(responses) == answer_fingerprint(replayed) == answer_fingerprint(
+        {"role": "assistant", "content": "Hello."})
+    thinking = {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                                 {"type": "text", "text": "Hello.", "citations": None}]}
+    assert answer_fingerprint(thinking) == answer_fingerprint({"role": "assistant", "content": "Hello."})
+    assert answer_fingerprint(chat) != answer_fingerprint({**chat, "tool_calls": [
+        {**calls[0], "id": "call_2"}]})  # another call: the model's own id
+
+
+def test_a_conversation_is_its_label_or_its_first_exchange() -> None:
+    answered = message_path("t", [SYSTEM, HI, {"role": "assistant", "content": "Hello."},
+                                  {"role": "user", "content": "more"}])
+    other = message_path("t", [SYSTEM, HI, {"role": "assistant", "content": "Hi there."},
+                               {"role": "user", "content": "more"}])
+    later = message_path("t", [m.message for m in answered] + [{"role": "assistant", "content": "Sure."},
+                                                                {"role": "user", "content": "go"}])
+    assert conversation_id_for("t", None, answered, "req_1") == conversation_id_for("t", None, later, "req_2")
+    assert conversation_id_for("t", None, answered, "req_1") != conversation_id_for("t", None, other, "req_1")
+    assert conversation_id_for("t", None, message_path("t", [SYSTEM, HI]), "req_3") == "req_3"
+    assert conversation_id_for("t", "ticket", answered, "req_1") == label_conversation_id("t", "ticket")
+    assert label_conversation_id("t", "ticket") != label_conversation_id("u", "ticket")
 
 
 def test_tool_result_bytes_are_exact_for_text() -> None:

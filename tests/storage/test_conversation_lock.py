@@ -19,7 +19,8 @@ from storage.schema import Conversation
 from tests.conftest import make_store
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc).timestamp()
-MESSAGES = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"}]
+MESSAGES = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": "on it"}, {"role": "user", "content": "go"}]  # one conversation
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def _capture(store: RecordStore, number: int, extra: int = 0) -> None:
 
 
 def _conversation() -> str:
-    return conversation_id_for("acme", None, message_path("acme", MESSAGES))
+    return conversation_id_for("acme", None, message_path("acme", MESSAGES), "req_unused")
 
 
 def _last_active(store: RecordStore) -> datetime:

@@ -38,7 +38,7 @@ def test_the_probed_answer_is_the_looked_up_one(store: RecordStore) -> None:
         transcripts.append(grown)
         label = rng.choice(labels)
         path = message_path("acme", grown)
-        conversation = conversation_id_for("acme", label, path)
+        conversation = conversation_id_for("acme", label, path, f"req_{step:032x}")
         ids = [n.id for n in path]
         with store.engine.connect() as connection:
             assert store._known_nodes(connection, conversation, ids) == store._node_states(connection, conversation, ids)

@@ -46,7 +46,7 @@ def test_every_path_read_takes_more_ids_than_the_bind_limit(store: RecordStore) 
     path = message_path("acme", messages)
     ids = [node.id for node in path]
     artifacts = [artifact_id_for(node.id) for node in path if node.message["role"] == "tool"]
-    conversation = conversation_id_for("acme", None, path)
+    conversation = conversation_id_for("acme", None, path, "req_unused")
     assert len(_padded(ids)) == PAST_THE_BIND_LIMIT and set(_padded(ids)) >= set(ids)
     with store.engine.connect() as connection:
         assert store._node_states(connection, conversation, _padded(ids)) == (set(ids), set(ids))

@@ -146,7 +146,7 @@ def test_the_gateway_keeps_large_results_in_the_bucket(gateway: RunningGateway) 
     assert list(blobs.keys()) == [key]
     with gateway.client(key=OTHER_TENANT_KEY) as http:
         assert http.get(f"/api/artifacts/{theirs['captured_artifact_ids'][0]}").content == BIG.encode()
-        deleted = http.delete(f"/api/sessions/{theirs['session_id']}").json()["deleted"]
+        deleted = http.delete(f"/api/sessions/{theirs['conversation_id']}").json()["deleted"]
     assert deleted["tool_artifacts"] == 1 and deleted["blobs"] == 1
     assert objects(blobs) == {}
 

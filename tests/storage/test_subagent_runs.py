@@ -8,8 +8,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, select, text
 
-from policies.transcript import message_path
-from storage.capture import conversation_id_for
+from policies.transcript import label_conversation_id, message_path
 from storage.record_types import RunStart
 from storage.records import RecordStore
 from storage.schema import ModelRun
@@ -56,7 +55,7 @@ def test_the_children_found_are_those_the_join_over_every_run_found(store: Recor
         else:
             parent = rng.choice([r for runs in parents.values() for r in runs])
             _run(store, number, f"child-{number}", None, parent)
-        for conversation in (conversation_id_for("acme", s, ()) for s in sessions):
+        for conversation in (label_conversation_id("acme", s) for s in sessions):
             with store.engine.connect() as connection:
                 old = set(connection.scalars(_BY_EVERY_RUN, {"conversation": conversation, "tenant": "acme"}))
                 new = set(connection.scalars(
@@ -69,7 +68,7 @@ def test_the_children_found_are_those_the_join_over_every_run_found(store: Recor
                     "WHERE captured_by_request IN ({})".format(",".join(f"'{r}'" for r in old) or "''"))).all())
             assert results == expected
     with store.engine.connect() as connection:  # the walk did leave children to find
-        assert any(store._subagent_results(connection, "acme", conversation_id_for("acme", s, ()), None)
+        assert any(store._subagent_results(connection, "acme", label_conversation_id("acme", s), None)
                    for s in sessions)
 
 
@@ -87,5 +86,5 @@ def test_0011_fills_in_the_parent_conversation_of_children_stored_before_it(stor
     store.create_schema()  # back to head: 0011 fills the column in
     with store.engine.connect() as connection:
         filled = dict(connection.execute(text("SELECT id, parent_conversation_id FROM model_runs")).all())
-        assert store._subagent_results(connection, "acme", conversation_id_for("acme", "main", ()), None)
-    assert filled == {parent: None, child: conversation_id_for("acme", "main", ())}
+        assert store._subagent_results(connection, "acme", label_conversation_id("acme", "main"), None)
+    assert filled == {parent: None, child: label_conversation_id("acme", "main")}
