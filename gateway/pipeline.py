@@ -377,7 +377,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
     run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
-                           services.budgets)
+                           services.budgets, answer_of=wire.answer_message)
     async with recorder:
         # One trip to a worker thread: placing the messages, capturing them, assembling the projection.
         midway = _midway_tool(wire, policy, model, neutral)

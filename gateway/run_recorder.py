@@ -84,8 +84,13 @@ class RunRecorder:
     """Records one run's outcome exactly once."""
 
     def __init__(self, store: RecordStore, metrics: GatewayMetrics, start: RunStart, scope: Scope,
-                 recent: RecentAssemblies | None = None, budgets: Budgets | None = None) -> None:
+                 recent: RecentAssemblies | None = None, budgets: Budgets | None = None,
+                 answer_of: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None) -> None:
         self.store = store
+        # The answer as its client sends it back (the wire format's `answer_message`): what moves a run that
+        # opened its conversation into the one its answer opens (storage/conversations.py).
+        self.answer_of = answer_of
+        self.opens_conversation = False  # before any answer: its conversation is its own until this one
         self.budgets = budgets
         self.recent = recent
         self.metrics = metrics
@@ -113,6 +118,7 @@ class RunRecorder:
             self.opened = True  # the run is stored, pending: every exit from here records its outcome
             raise
         self.opened = True
+        self.opens_conversation = result.conversation_id == self.start.request_id
         return result
 
     async def open(self) -> None:
@@ -167,7 +173,10 @@ class RunRecorder:
         answered = self.answered()
         if answered is not None and answered.prices is not None and answered.prices != accounting.prices:
             accounting = replace(accounting, prices=answered.prices)  # a deployment priced otherwise answered
-        return outcomes.success(completion, self.started, accounting)
+        outcome = outcomes.success(completion, self.started, accounting)
+        if self.opens_conversation and self.answer_of is not None:
+            outcome = replace(outcome, answer=self.answer_of(completion.body))
+        return outcome
 
     def answered(self) -> Attempt | None:
         """The try that answered (the last one, when it succeeded)."""

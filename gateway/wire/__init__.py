@@ -54,6 +54,10 @@ class WireFormat(Protocol):
     def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
         """The gateway's rehydration tool, declared the format's way."""
 
+    def answer_message(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """An answer in this format (a whole body, as the client got it) as the assistant message of the
+        neutral transcript its client sends back on the next request; None if it holds none."""
+
     def error_body(self, error: GatewayError) -> dict[str, Any]: ...
 
     def stream_error(self, error: GatewayError) -> bytes:

@@ -19,7 +19,7 @@ compacted input. Answers and stream events are Anthropic's own.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
@@ -353,6 +353,20 @@ class AnthropicMessages:
 
     def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "description": description, "input_schema": schema}
+
+    def answer_message(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        content = body.get("content")
+        if not isinstance(content, list) or not all(_is_answer_block(b) for b in content):
+            return None
+        return to_neutral(None, [{"role": "assistant", "content": content}])[0][0]
+
+
+def _is_answer_block(block: Any) -> bool:
+    """A block `to_neutral` reads as an answer's: typed, and a tool_use with its id, name and input."""
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        return False
+    return block["type"] != "tool_use" or (isinstance(block.get("id"), str) and isinstance(block.get("name"), str)
+                                           and isinstance(block.get("input"), dict))
 
 
 ANTHROPIC_MESSAGES = AnthropicMessages()

@@ -9,7 +9,7 @@ answers go back unchanged.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
@@ -222,6 +222,12 @@ class OpenAIChat:
 
     def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+
+    def answer_message(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        choices = body.get("choices")
+        message = choices[0].get("message") if isinstance(choices, list) and choices \
+            and isinstance(choices[0], dict) else None
+        return {**message, "role": "assistant"} if isinstance(message, dict) else None
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return error_body(error)

@@ -16,7 +16,7 @@ compacted arguments. Answers and stream events are the Responses API's own.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
@@ -252,6 +252,16 @@ class OpenAIResponses:
 
     def rehydration_tool(self, name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"type": "function", "name": name, "description": description, "parameters": schema}
+
+    def answer_message(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        output = body.get("output")
+        if not isinstance(output, list) or not all(isinstance(item, dict) for item in output):
+            return None
+        try:
+            messages = output_to_neutral(output)
+        except (KeyError, TypeError):  # a call item without its call_id, name or arguments
+            return None
+        return next((m for m in messages if m.get("role") == "assistant"), None)
 
     def error_body(self, error: GatewayError) -> dict[str, Any]:
         return error_body(error)
