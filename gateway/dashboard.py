@@ -24,6 +24,7 @@ from fastapi.templating import Jinja2Templates
 from gateway import dashboard_guard as guard
 from gateway.auth import Principal
 from gateway.charts import bars
+from gateway.conversation_names import name_runs
 from gateway.errors import AuthenticationFailed, GatewayError
 from gateway.logs import note_refusal
 from gateway.records_api import savings_ledger
@@ -170,6 +171,7 @@ async def overview(
     scope = ledger["filters"]["tenant"]
     runs = await aside(services.store.recent_runs, scope, 30)
     models = await _models(services, principal)
+    await name_runs(services.store, runs)
     days = [d["day"] for d in ledger["by_day"]]
     token_chart = bars(days, [("tokens sent", "var(--sent)", [d["tokens_sent"] for d in ledger["by_day"]]),
                               ("tokens forwarded", "var(--fwd)", [d["tokens_forwarded"] for d in ledger["by_day"]])],
@@ -238,13 +240,15 @@ async def inspector(request_id: str, request: Request, services: ServicesDep) ->
     if record is None:  # another tenant's request looks like no request at all
         note_refusal("not_found")
         return _page(request, services, "not_found.html", {"principal": principal}, status=404)
+    run = dict(record.run)
+    await name_runs(services.store, [run])
     original = await aside(services.store.path_messages, record.run["leaf_node_id"])
     forwarded = await aside(services.store.forwarded_messages, request_id, principal.scope())
     assembly = record.assembly.as_dict() if record.assembly else None
     decisions = assembly["decisions"] if assembly else []
     context = {
         "principal": principal,
-        "run": record.run,
+        "run": run,
         "assembly": assembly,
         "rows": _rows(original, forwarded, decisions),
         "rehydrations": [d for d in decisions if d.get("index") is None],

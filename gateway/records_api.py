@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
+from gateway.conversation_names import name_runs, name_sessions
 from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
 from gateway.run_recorder import outcomes_written
 from gateway.savings import ledger, parse_moment
@@ -112,7 +113,9 @@ async def savings_ledger(services: ServicesDep, principal: PrincipalDep, start: 
     since, until = parse_moment(start, "start"), parse_moment(end, "end", end=True)
     rows = await aside(services.store.savings_rows, chosen, since, until, model, session)
     filters = {"tenant": chosen, "start": start, "end": end, "model": model, "session": session}
-    return ledger(rows, filters)
+    result = ledger(rows, filters)
+    await name_sessions(services.store, result["by_session"])
+    return result
 
 
 @router.get("/requests/{request_id}/projection")
@@ -130,8 +133,10 @@ async def request_record(request_id: str, principal: PrincipalDep, services: Ser
     record = await aside(services.store.get_run, request_id, principal.scope())
     if record is None:
         raise NotFound(f"No request '{request_id}'.", param="request_id", code="request_not_found")
+    run = dict(record.run)
+    await name_runs(services.store, [run])
     return {
-        **record.run,
+        **run,
         "captured_artifact_ids": [a.id for a in record.captured_artifacts],
         "captured_artifacts": [a.metadata() for a in record.captured_artifacts],
         "path_artifact_ids": list(record.path_artifact_ids),
