@@ -1,5 +1,7 @@
 """What a conversation is called wherever it is shown: the session label its client sent, else its first
-user message, shortened, as text; its id when neither is left (an id whose transcript retention removed).
+user message (`policies.transcript.first_user_node`: the first that says something of its own, without
+the tagged context blocks agents add), shortened, as text; its id when neither is left (an id whose
+transcript retention removed).
 
 The savings ledger's sessions (`GET /api/savings`, the dashboard's table), a request's record
 (`GET /api/requests/{id}`, its dashboard page) and the recent requests all name a conversation here, so
@@ -7,30 +9,13 @@ each says the same. The name is plain text: pages escape it like any other strin
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Mapping
 
 from gateway.threads import aside
+from policies.transcript import user_text
 from storage.records import RecordStore
 
 NAME_CHARS = 60
-_TEXT_PARTS = ("text", "input_text")
-# A part that is one tagged block and nothing else (`<system-reminder>...</system-reminder>`,
-# `<environment_context>...`): context an agent adds, not what its user said.
-_WRAPPED = re.compile(r"\s*<([A-Za-z][\w:-]*)(\s[^>]*)?>.*</\1>\s*", re.DOTALL)
-
-
-def opening_text(message: Mapping[str, Any]) -> str:
-    """A user message's text: its text parts, those that are not one tagged block of context first."""
-    content = message.get("content")
-    if isinstance(content, str):
-        parts = [content]
-    elif isinstance(content, list):
-        parts = [str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") in _TEXT_PARTS]
-    else:
-        parts = []
-    said = [p for p in parts if p.strip() and not _WRAPPED.fullmatch(p)] or [p for p in parts if p.strip()]
-    return " ".join(" ".join(said).split())
 
 
 def shortened(text: str, limit: int = NAME_CHARS) -> str:
@@ -46,7 +31,7 @@ def conversation_name(label: str | None, opening: Mapping[str, Any] | None, conv
     """The name of a conversation: its label, else its first user message (shortened), else its id."""
     if label:
         return label
-    text = opening_text(opening) if opening is not None else ""
+    text = user_text(opening) if opening is not None else ""
     return shortened(text) if text else conversation_id
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 # Fields that carry meaning for the model. Anything else a client adds
@@ -101,7 +102,8 @@ def opening_answer(path: Sequence[PathNode]) -> PathNode | None:
     no system prompt (the opening). An assistant message that ends the path is not one: the request
     asks the model to continue it (a prefill), so it was not the model's answer."""
     opened = False
-    for node in path[:-1]:
+    for index in range(len(path) - 1):  # no copy of a long path
+        node = path[index]
         role = node.message.get("role")
         if opened and role == "assistant":
             return node
@@ -109,9 +111,42 @@ def opening_answer(path: Sequence[PathNode]) -> PathNode | None:
     return None
 
 
+_USER_TEXT_PARTS = ("text", "input_text")
+# A part that is one tagged block and nothing else (`<system-reminder>...</system-reminder>`,
+# `<environment_context>...`): context an agent adds, not what its user said.
+_CONTEXT_BLOCK = re.compile(r"\s*<([A-Za-z][\w:-]*)(\s[^>]*)?>.*</\1>\s*", re.DOTALL)
+
+
+def _text_parts(message: Mapping[str, Any]) -> list[str]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        return []
+    return [str(p.get("text") or "") for p in content if isinstance(p, dict) and p.get("type") in _USER_TEXT_PARTS]
+
+
+def _own_words(parts: list[str]) -> list[str]:
+    return [p for p in parts if p.strip() and not _CONTEXT_BLOCK.fullmatch(p)]
+
+
+def user_text(message: Mapping[str, Any]) -> str:
+    """What a user message says, whitespace folded: its text parts, without the blocks of tagged context
+    an agent adds to it, unless that is all it holds."""
+    parts = _text_parts(message)
+    return " ".join(" ".join(_own_words(parts) or [p for p in parts if p.strip()]).split())
+
+
 def first_user_node(path: Sequence[PathNode]) -> PathNode | None:
-    """The first user message of the path (what the dashboard names an unlabelled conversation by)."""
-    return next((node for node in path if node.message.get("role") == "user"), None)
+    """The user message an unlabelled conversation is named by: the first that says something of its own
+    (Codex sends its environment as a user message of one tagged block first), else the first."""
+    first = None
+    for node in path:
+        if node.message.get("role") == "user":
+            if _own_words(_text_parts(node.message)):
+                return node
+            first = first or node
+    return first
 
 
 _TEXT_PARTS = ("text", "output_text")
@@ -122,25 +157,38 @@ def _answer_text(content: Any) -> str:
     blocks) or Responses message items holding output text parts."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        return ""
     texts = []
-    for part in content:
+    for part in content if isinstance(content, list) else ():
         if not isinstance(part, dict):
             continue
-        if part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif part.get("type") == "message":
-            texts.append(_answer_text(part.get("content")))
+        inner = part.get("content") if part.get("type") == "message" else [part]
+        for piece in inner if isinstance(inner, list) else ():
+            if isinstance(piece, dict) and piece.get("type") in _TEXT_PARTS and isinstance(piece.get("text"), str):
+                texts.append(piece["text"])
     return "".join(texts)
+
+
+def _arguments_value(arguments: Any) -> Any:
+    """A call's arguments as the value they spell (clients that parse them write them back with their own
+    spacing), or as they are when they spell none."""
+    if isinstance(arguments, str):
+        try:
+            return canonical_json(json.loads(arguments))
+        except (ValueError, RecursionError):  # no JSON, or nested past what is worth reading
+            return arguments
+    return arguments
 
 
 def answer_fingerprint(message: Mapping[str, Any]) -> str:
     """What identifies a model's answer however its client sends it back: its text (whitespace at its
-    ends aside) and its calls (id, name, arguments). What clients drop or rewrite when they replay an
-    answer (item ids, statuses, annotations, citations, thinking and reasoning blocks) is left out."""
-    calls = [[call.get("id"), (call.get("function") or {}).get("name"), (call.get("function") or {}).get("arguments")]
-             for call in message.get("tool_calls") or [] if isinstance(call, Mapping)]
+    ends aside) and its calls (id, name, the arguments' value). What clients drop or rewrite when they
+    replay an answer (item ids, statuses, annotations, citations, thinking and reasoning blocks, the
+    spacing of arguments) is left out."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        if isinstance(call, Mapping):
+            function = call.get("function") or {}
+            calls.append([call.get("id"), function.get("name"), _arguments_value(function.get("arguments"))])
     return canonical_json({"text": _answer_text(message.get("content")).strip(), "calls": calls})
 
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from sqlalchemy import Connection, bindparam, delete, func, select, update
 
-from storage.encryption import node_aad
+from storage.encryption import EnvelopeError, node_aad
 from storage.schema import Conversation, ConversationNode, MessageNode, ModelRun
 from storage.store_base import StoreBase
 
@@ -62,7 +62,8 @@ class Conversations(StoreBase):
 
     def conversation_openings(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
         """The first user message of each conversation of `keys` ((tenant, conversation id) pairs) that is
-        still there with its node: what the dashboard names it by."""
+        still there with its node, and readable (a message sealed under a key this process lacks is left
+        out, as if gone): what the dashboard names it by."""
         wanted = set(keys)
         ids = sorted({conversation for _, conversation in wanted})
         nodes = MessageNode.__table__
@@ -75,7 +76,11 @@ class Conversations(StoreBase):
             for start in range(0, len(ids), _READ_CHUNK):
                 for tenant, conversation, node, message_json, key_id in connection.execute(
                         query, {"ids": ids[start:start + _READ_CHUNK]}):
-                    if (tenant, conversation) in wanted:
+                    if (tenant, conversation) not in wanted:
+                        continue
+                    try:
                         text = self.encryption.open_text(message_json, node_aad(node), key_id)
-                        found[(tenant, conversation)] = json.loads(text or "{}")
+                    except EnvelopeError:
+                        continue
+                    found[(tenant, conversation)] = json.loads(text or "{}")
         return found

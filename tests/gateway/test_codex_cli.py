@@ -124,3 +124,9 @@ def test_codex_runs_commands_through_the_gateway(codex: Path, gateway: tuple[Run
             raw = http.get(f"/api/artifacts/{artifact}").content
             expected = sent[call_id]
             assert raw == expected.encode() if isinstance(expected, str) else json.loads(raw) == expected
+    # Codex sends no session label: its requests are one conversation by their first exchange (the first
+    # request too, moved there once its answer came back), named by what the user asked, not by the
+    # environment block Codex sends as a user message before it.
+    with running.client() as http:
+        sessions = http.get("/api/savings").json()["by_session"]
+    assert [(s["requests"], s["name"]) for s in sessions] == [(len(loop), "Run the six commands and report.")]

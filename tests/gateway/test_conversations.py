@@ -187,7 +187,9 @@ def test_a_responses_client_replaying_its_output_stays_in_its_conversation(gatew
     assert first["conversation_name"] == "hi"
 
 
-def test_an_anthropic_client_replaying_its_answers_stays_in_its_conversation(gateway: RunningGateway) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_anthropic_client_replaying_its_answers_stays_in_its_conversation(gateway: RunningGateway,
+                                                                             stream: bool) -> None:
     client = anthropic.Anthropic(base_url=gateway.url, api_key=TENANT_KEY, max_retries=0)
     gateway.fake.script(blocks=[{"type": "text", "text": "Let me look.", "citations": None},
                                 {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "a.py"}}],
@@ -197,9 +199,14 @@ def test_an_anthropic_client_replaying_its_answers_stays_in_its_conversation(gat
         {"type": "text", "text": "Fix the failing test in a.py"}]}]
     ids = []
     for turn in range(2):
-        raw = client.messages.with_raw_response.create(model="claude-fake", max_tokens=100, messages=messages)
-        ids.append(raw.headers["x-gateway-request-id"])
-        answer = raw.parse()
+        if stream:
+            with client.messages.stream(model="claude-fake", max_tokens=100, messages=messages) as events:
+                ids.append(events.response.headers["x-gateway-request-id"])
+                answer = events.get_final_message()
+        else:
+            raw = client.messages.with_raw_response.create(model="claude-fake", max_tokens=100, messages=messages)
+            ids.append(raw.headers["x-gateway-request-id"])
+            answer = raw.parse()
         messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.content]})
         messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                                       "content": "def test(): assert False"}]}

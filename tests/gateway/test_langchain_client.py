@@ -107,7 +107,9 @@ def test_invoke_plain_answer_with_metadata(gateway: RunningGateway) -> None:
 # 2. bind_tools and an agent-style loop ---------------------------------------------------------------------
 
 def test_bind_tools_agent_loop_captures_tool_result_byte_exact(gateway: RunningGateway) -> None:
-    gateway.fake.script_message(tool_call_message("call_w1", "get_weather", city="Paris"))
+    compact = tool_call_message("call_w1", "get_weather", city="Paris")
+    compact["tool_calls"][0]["function"]["arguments"] = '{"city":"Paris"}'  # as OpenAI writes them
+    gateway.fake.script_message(compact)
     gateway.fake.script_message({"role": "assistant", "content": "It is 21°C and sunny."})
     model = chat(gateway, include_response_headers=True).bind_tools([get_weather])
 
@@ -132,6 +134,9 @@ def test_bind_tools_agent_loop_captures_tool_result_byte_exact(gateway: RunningG
         first_record = http.get(f"/api/requests/{request_id(first)}").json()
         record = http.get(f"/api/requests/{request_id(final)}").json()
         assert first_record["captured_artifact_ids"] == []
+        # one conversation, the first request too: LangChain sends the call back with the arguments it
+        # parsed and wrote again (spaced), which is still the model's answer
+        assert first_record["conversation_id"] == record["conversation_id"] != request_id(first)
         assert record["status"] == "ok"
         (artifact_id,) = record["captured_artifact_ids"]
         raw = http.get(f"/api/artifacts/{artifact_id}")

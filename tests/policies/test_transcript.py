@@ -5,8 +5,9 @@ from hypothesis import strategies as st
 
 from policies.protocol import orphan_tool_messages
 from policies.tool_status import tool_result_status
-from policies.transcript import (answer_fingerprint, canonical_message, conversation_id_for, label_conversation_id,
-                                 message_path, node_id, opening_answer, tool_result_bytes)
+from policies.transcript import (answer_fingerprint, canonical_message, conversation_id_for, first_user_node,
+                                 label_conversation_id, message_path, node_id, opening_answer, tool_result_bytes,
+                                 user_text)
 
 
 def test_node_ids_chain_over_tenant_parent_and_message() -> None:
@@ -50,6 +51,9 @@ def test_an_answer_is_known_however_its_client_sends_it_back() -> None:
     chat = {"role": "assistant", "content": None, "tool_calls": calls}
     echoed = {"role": "assistant", "content": "", "refusal": None, "tool_calls": [{**calls[0], "index": 0}]}
     assert answer_fingerprint(chat) == answer_fingerprint(echoed)
+    compact = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": '{"a":1}'}}]}
+    spaced = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": '{"a": 1}'}}]}
+    assert answer_fingerprint(compact) == answer_fingerprint(spaced)  # a client that parsed and wrote them again
     responses = {"role": "assistant", "content": [
         {"type": "reasoning", "id": "rs_1", "encrypted_content": "x"},
         {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
@@ -77,6 +81,20 @@ def test_a_conversation_is_its_label_or_its_first_exchange() -> None:
     assert conversation_id_for("t", None, message_path("t", [SYSTEM, HI]), "req_3") == "req_3"
     assert conversation_id_for("t", "ticket", answered, "req_1") == label_conversation_id("t", "ticket")
     assert label_conversation_id("t", "ticket") != label_conversation_id("u", "ticket")
+
+
+def test_a_conversation_is_named_by_what_its_user_said_first() -> None:
+    environment = {"role": "user", "content": [{"type": "input_text", "text": "<environment_context>\n <cwd>/w</cwd>\n"
+                                                                             "</environment_context>"}]}
+    asked = {"role": "user", "content": [{"type": "input_text", "text": "Run  the\ntests."}]}
+    path = message_path("t", [SYSTEM, {"role": "developer", "content": "rules"}, environment, asked])
+    assert first_user_node(path) == path[3] and user_text(path[3].message) == "Run the tests."
+    only_context = message_path("t", [SYSTEM, environment])
+    assert first_user_node(only_context) == only_context[1]  # nothing else said: the context it is
+    assert user_text(environment) == "<environment_context> <cwd>/w</cwd> </environment_context>"
+    reminded = {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                                            {"type": "image", "source": {}}, {"type": "text", "text": "Fix a.py"}]}
+    assert user_text(reminded) == "Fix a.py" and first_user_node(message_path("t", [reminded])) is not None
 
 
 def test_tool_result_bytes_are_exact_for_text() -> None:

@@ -288,8 +288,29 @@ def test_0014_names_the_conversations_it_finds(storage_url: str, tmp_path: Path)
 
 
 @pytest.mark.parametrize("content", ["plain", [{"type": "text", "text": "parts"}]])
-def test_openings_are_read_sealed_or_not(store: RecordStore, content: Any) -> None:
-    one = _request_id()
-    opening = {"role": "user", "content": content}
-    store.ingest(message_path("acme", [opening]), _start(one, "acme"))
-    assert store.conversation_openings([("acme", one), ("globex", one)]) == {("acme", one): opening}
+def test_openings_are_read_sealed_and_left_out_when_their_key_is_missing(storage_url: str, tmp_path: Path,
+                                                                         content: Any) -> None:
+    from storage.database import make_engine
+    from storage.blobs import DirectoryBlobStore
+    from storage.encryption import EncryptionKeys
+
+    def store_with(*keys: bytes) -> RecordStore:
+        store = RecordStore(make_engine(storage_url), DirectoryBlobStore(tmp_path / "blobs"),
+                            encryption=EncryptionKeys(keys[0], keys[1:]))
+        store.create_schema()
+        return store
+
+    first, second = b"k" * 32, b"j" * 32
+    sealing, other, both = store_with(first), store_with(second), store_with(second, first)
+    try:
+        one = _request_id()
+        opening = {"role": "user", "content": content}
+        sealing.ingest(message_path("acme", [opening]), _start(one, "acme"))
+        with sealing.engine.connect() as connection:
+            stored = connection.execute(text("SELECT message_json FROM message_nodes")).scalar_one()
+        assert "parts" not in stored and "plain" not in stored  # sealed at rest
+        assert both.conversation_openings([("acme", one), ("globex", one)]) == {("acme", one): opening}
+        assert other.conversation_openings([("acme", one)]) == {}  # not readable here: named by its id
+    finally:
+        for store in (sealing, other, both):
+            store.engine.dispose()
