@@ -45,16 +45,31 @@ class Lines(logging.Handler):
         return [json.loads(line) for line in self.lines]
 
 
+# The loggers these tests log through, as `gateway serve` configures them: propagating to the root's
+# handler (other tests of this process start uvicorn in-process, whose own config stops "uvicorn"'s).
+_LOGGERS = ("LiteLLM", "uvicorn", "uvicorn.error", "py.warnings", "gateway", "gateway.upstream")
+
+
 @pytest.fixture
 def lines() -> Iterator[Lines]:
     handler = Lines()
     root = logging.getLogger()
     before = root.level
+    saved = {name: (logger.level, logger.propagate, logger.disabled)
+             for name in _LOGGERS for logger in [logging.getLogger(name)]}
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate, logger.disabled = True, False
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     yield handler
     root.removeHandler(handler)
     root.setLevel(before)
+    for name, (level, propagate, disabled) in saved.items():
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
 
 
 def test_a_record_logged_while_a_request_is_served_names_it_whoever_logs_it(lines: Lines) -> None:
