@@ -22,6 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import CONFIG_ENV, create_app
+    from gateway.connections import PROTOCOL
     from gateway.logs import logging_config, serve_logging
 
     settings = load_settings(args.config)
@@ -33,7 +34,8 @@ def _serve(args: argparse.Namespace) -> int:
     if problem is not None:
         log.error("gateway: cannot start: %s", problem)
         return 1
-    where = {"host": args.host or settings.server.host,
+    where = {"http": PROTOCOL,  # header deadlines and the connection cap (gateway/connections.py)
+             "host": args.host or settings.server.host,
              "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level,
              "log_config": logging_config(settings.log_level, settings.log_format, settings.access_log),
              "access_log": False,  # the gateway writes its own (gateway.access)

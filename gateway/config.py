@@ -70,6 +70,16 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(4000, ge=0, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    # Slow and heavy clients (gateway/connections.py, gateway/request_bodies.py), nginx's defaults for the
+    # timeouts: a connection's request headers must all arrive within header_timeout_seconds (else it is
+    # closed), a request's body within body_timeout_seconds of its headers (else 408); at most
+    # max_connections open at once in this process (past it the longest idle one is closed, or the new
+    # one answered 503); request bodies being read and handled hold at most max_buffered_request_bytes
+    # of this process's memory at once (past it 503 with retry-after).
+    header_timeout_seconds: float = Field(60.0, gt=0)
+    body_timeout_seconds: float = Field(60.0, gt=0)
+    max_connections: int = Field(4096, gt=0)
+    max_buffered_request_bytes: int = Field(256 * 1024 * 1024, gt=0)
     # Items of a request's transcript (chat and Anthropic `messages`, Responses `input`): past it a 400
     # (too_many_messages) before the transcript is checked or stored. 100,000 is the Anthropic Messages
     # API's own limit, so no request a provider would take is refused.
@@ -94,6 +104,15 @@ class ServerSettings(_Strict):
     # the platform's own grace (kubernetes terminationGracePeriodSeconds) more than this, or it
     # kills the process before that shutdown code runs.
     shutdown_grace_seconds: float = Field(630.0, gt=0)
+
+    @field_validator("max_buffered_request_bytes")
+    @classmethod
+    def _holds_one_body(cls, value: int, info: ValidationInfo) -> int:
+        largest = info.data.get("max_body_bytes")
+        if largest is not None and value < largest:
+            raise ValueError(f"is less than max_body_bytes ({largest}): a body of the largest size allowed could "
+                             "never be read")
+        return value
 
     @field_validator("metrics_token")
     @classmethod

@@ -7,9 +7,11 @@
     ├── PermissionDenied (403 permission_error)
     ├── NotFound (404 invalid_request_error)
     │   └── ModelNotFound (404, code model_not_found)
+    ├── RequestTimeout (408 invalid_request_error: a request body that did not arrive in time)
     ├── RateLimitExceeded (429 rate_limit_error: the tenant's or key's limit here)
     │   └── BudgetExceeded (429 insufficient_quota, code budget_exceeded: a spend budget here)
-    ├── ServiceUnavailable (503, Retry-After: the database, or Redis under `redis.when_down: refuse`)
+    ├── ServiceUnavailable (503, Retry-After: the database, Redis under `redis.when_down: refuse`, or
+    │                       the process full: connections, request bytes in memory)
     └── UpstreamError (the upstream's status)
         ├── UpstreamRateLimited (429 rate_limit_error)
         ├── UpstreamTimeout (504 timeout)
@@ -90,6 +92,14 @@ class ModelNotFound(NotFound):
     default_code = "model_not_found"
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send its request body in time (server.body_timeout_seconds)."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
 class RateLimitExceeded(GatewayError):
     """The tenant's own limit in this gateway (not the provider's)."""
 
@@ -106,7 +116,8 @@ class BudgetExceeded(RateLimitExceeded):
 
 
 class ServiceUnavailable(GatewayError):
-    """Something the gateway stands on (its database; Redis, under `redis.when_down: refuse`) is down."""
+    """Something the gateway stands on (its database; Redis, under `redis.when_down: refuse`) is down, or
+    this process holds as much as it may (connections, request bytes)."""
 
     status_code = 503
     default_code = "service_unavailable"

@@ -7,7 +7,10 @@ dashboard reads.
 """
 from __future__ import annotations
 
+from typing import Iterator, Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from storage.record_types import AssemblyRecord, RunOutcome
@@ -27,6 +30,37 @@ def surface_of(path: str) -> str:
     if path.startswith("/dashboard"):
         return "dashboard"
     return "other"
+
+
+class Gate(Protocol):
+    """What the metrics read of gateway/connections.py's ConnectionGate."""
+
+    @property
+    def open(self) -> int: ...
+
+    timed_out: int
+    evicted: int
+    refused: int
+
+
+class Budget(Protocol):
+    held: int
+
+
+class _ConnectionsClosed:
+    """A counter the gate keeps itself, read when scraped."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("gateway_connections_closed", "Connections the gateway closed itself, by "
+                                     "reason: headers not in time, the longest idle at the cap, refused at the cap",
+                                     labels=["reason"])
+        family.add_metric(["header_timeout"], self.gate.timed_out)
+        family.add_metric(["evicted"], self.gate.evicted)
+        family.add_metric(["refused"], self.gate.refused)
+        yield family
 
 
 class GatewayMetrics:
@@ -81,6 +115,14 @@ class GatewayMetrics:
         self.redis_up.set(1 if up else 0)
         if not up:
             self.redis_outages.inc()
+
+    def observe_edge(self, gate: Gate, budget: Budget) -> None:
+        """The process's open connections and request bytes held, and the connections it closed."""
+        Gauge("gateway_open_connections", "Client connections open in this process",
+              registry=self.registry).set_function(lambda: gate.open)
+        Gauge("gateway_request_bytes_held", "Bytes of request bodies this process holds (being read and handled)",
+              registry=self.registry).set_function(lambda: budget.held)
+        self.registry.register(_ConnectionsClosed(gate))
 
     def observe_error(self, error_type: str, path: str) -> None:
         self.errors.labels(surface_of(path), error_type).inc()

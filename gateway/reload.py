@@ -7,8 +7,8 @@ is refused with its error, logged and answered, and the config in use stays.
 One that loads replaces, in one step, the keys, tenants, limits, models and
 policies (dashboard sessions signed in with a removed key end): a request reads them once as it starts, so requests in flight finish
 under the config they began with and the next one uses the new. Settings that
-only a restart can change (storage, Redis, the listening socket, the transport,
-logging, telemetry, the heartbeat) keep their running values; the reload names them.
+only a restart can change (storage, Redis, the listening socket and its connection and
+body limits, the transport, logging, telemetry, the heartbeat) keep their running values; the reload names them.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ log = logging.getLogger("gateway.reload")
 # Read once at start: a changed value waits for a restart.
 _RESTART_ONLY = ("storage", "redis", "log_level", "log_format", "access_log", "telemetry")
 _RESTART_ONLY_SERVER = ("host", "port", "heartbeat_seconds", "direct_transport", "docs", "watch_config",
-                        "shutdown_grace_seconds")
+                        "shutdown_grace_seconds", "header_timeout_seconds", "body_timeout_seconds",
+                        "max_connections", "max_buffered_request_bytes")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,75 @@
+"""Giving the memory that large request bodies used back to the system.
+
+A large body is read, parsed, hashed, captured and projected: several times its size in objects, most
+of them freed when the request ends. glibc's malloc keeps freed memory for the process's next
+allocations instead of returning it (large blocks too, once its mmap threshold has risen past their
+size), so after a burst of large bodies the RSS stays near the burst's peak for good. `malloc_trim(0)`
+hands the free pages of every arena back. `Trimmer` calls it on the aside thread pool, a second after
+requests whose bodies add up to `threshold` bytes have finished (and no more often than that).
+
+Measured with bench/large_bodies.py (50 clients, 3 MB transcripts, two rounds): RSS 396 MB before,
+1,202 MB at the peak, 1,136 MB 20 s after without it; see the README's figures with it.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+from typing import Callable
+
+from gateway.threads import aside
+
+log = logging.getLogger("gateway")
+
+TRIM_THRESHOLD_BYTES = 16 * 1024 * 1024
+TRIM_DELAY_SECONDS = 1.0
+
+
+def _glibc_trim() -> Callable[[], object] | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, macOS): nothing to trim this way
+        return None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+MALLOC_TRIM = _glibc_trim()
+
+
+class Trimmer:
+    def __init__(self, threshold: int = TRIM_THRESHOLD_BYTES, delay: float = TRIM_DELAY_SECONDS,
+                 trim: Callable[[], object] | None = MALLOC_TRIM) -> None:
+        self.threshold = threshold
+        self.delay = delay
+        self.trim = trim
+        self.pending = 0  # body bytes of requests finished since the last trim
+        self.trims = 0
+        self._scheduled = False
+
+    def finished(self, body_bytes: int) -> None:
+        """A request whose body was `body_bytes` long has ended (called on the event loop)."""
+        if self.trim is None or not body_bytes:
+            return
+        self.pending += body_bytes
+        if self.pending >= self.threshold and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_later(self.delay, self._start)
+
+    def _start(self) -> None:
+        asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        self.pending = 0
+        try:
+            assert self.trim is not None
+            await aside(self.trim)
+            self.trims += 1
+        except Exception:  # never worth failing anything for
+            log.debug("malloc_trim failed", exc_info=True)
+        finally:
+            self._scheduled = False
