@@ -26,21 +26,22 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from policies.memories import (
-    compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of,
+    compact_arguments, excerpt, kept_summary, render_memory, render_notice, terms_in, terms_of, text_free,
 )
 from policies.policy import Policy, ToolRule
 from policies.result_facts import (
-    BoundedCache, argument_value, loose_digest, revision_of, short_values, shown_revision,
+    argument_value, loose_digest, revision_of, short_values, shown_revision,
 )
 from policies import decision_reuse
 from policies.assembly_types import Decision, Projection, Records
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
 from policies.budget_fit import fit_budget
 from policies.epoch_replay import EpochReplay, Epochs
 from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.visibility import Access, access, notice_reason
 
-_RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key
+_RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key (which holds no result text)
 # The same memories and savings by node id: a node id names its message and every message before it,
 # which is all a memory reads besides the policy (its result, the terms named before it) and, with the
 # context of `_replay_key`, all a saving reads besides the two facts in its key (see `saving`). Small
@@ -55,8 +56,8 @@ _NAMED_TERMS = BoundedCache(256)
 
 # What `_Assembly._index_duplicates` found for a request (length, views, duplicates and the outputs
 # seen by digest), by (node id of its last message, context): the next request looks at its new results
-# alone. Not mutated once stored.
-_DUPLICATES = BoundedCache(128)
+# alone. Not mutated once stored. The views hold the results' texts: a bounded share of them.
+_DUPLICATES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda found: views_text(found[1]))
 
 
 
@@ -341,7 +342,7 @@ class _Assembly(EpochReplay):
             return found
         view = self.records.artifacts[index]
         terms = self.terms_before(index)
-        shared_key = (self.policy.fingerprint, self.encoding, view, stale, terms)
+        shared_key = (self.policy.fingerprint, self.encoding, text_free(view), stale, terms)
         found = _RENDERED.get(shared_key)
         if found is None:
             # Redacted before the excerpt is taken: a secret cut in two by a line's clipping

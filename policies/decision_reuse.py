@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.assembly_types import Decision
 from policies.epoch_replay import Epochs
-from policies.result_facts import BoundedCache
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
 from policies.rounds import Round
 
 if TYPE_CHECKING:
@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 # What the decision loop of `assemble` decided for a request, by (node id of its last message, context):
 # the conversation's next request takes the same decisions for the messages whose inputs are unchanged
 # (see `unchanged`) and decides the rest again. One entry per request; small values (decisions,
-# memories' texts); the views are the records' own.
-DECISIONS = BoundedCache(128)
+# memories' texts); the views are the records' own, holding the results' texts: a bounded share of them.
+DECISIONS = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda decided: views_text(decided.views))
 
 
 @dataclass(frozen=True)

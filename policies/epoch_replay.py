@@ -6,7 +6,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from policies.result_facts import BoundedCache
+from policies.bounded_cache import BoundedCache
 
 
 @dataclass

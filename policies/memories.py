@@ -11,11 +11,13 @@ gateway's own words.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from policies.bounded_cache import BoundedCache
 from policies.policy import Compaction, ToolRule
 from policies.redaction import Redactor
 
@@ -35,6 +37,15 @@ class ArtifactView:
     tokens: int
     observed_at: float  # unix seconds
     owner_participant: str = ""
+
+
+def text_free(view: ArtifactView) -> ArtifactView:
+    """`view` as a cache key that keeps no result text alive: its content left out (its sha256 names
+    it: the content is the result's bytes decoded), long call arguments named by their own digest."""
+    arguments = view.arguments
+    if arguments is not None and len(arguments) > 256:
+        arguments = "sha256:" + hashlib.sha256(arguments.encode("utf-8", "surrogatepass")).hexdigest()
+    return replace(view, content="", arguments=arguments)
 
 
 NONCE_CHARS = 4  # the fence's tag: markers inside the text are escaped, so it cannot be closed early anyway
@@ -96,10 +107,17 @@ _TERM = re.compile(r"[A-Za-z0-9$][A-Za-z0-9_\-.,/:]*[A-Za-z0-9%]")
 _CONTINUATION = re.compile(r"^(?:[a-z]|(?:and|or|but|unless|except|then|so)\b)")
 
 
-@functools.lru_cache(maxsize=16384)
+_REMEMBERED_LINE_CHARS = 2048  # longer texts are not kept as keys of terms_of's cache
+
+
 def terms_of(text: str) -> frozenset[str]:
     """Identifiers and amounts in `text`: tokens of 3 to 40 characters mixing digits with letters or
-    punctuation (not paths), bare numbers of 4+ digits or with a currency sign."""
+    punctuation (not paths), bare numbers of 4+ digits or with a currency sign. Remembered for short
+    texts (lines come back on every request of a conversation); a long one is not held as a key."""
+    return _remembered_terms(text) if len(text) <= _REMEMBERED_LINE_CHARS else _terms_of(text)
+
+
+def _terms_of(text: str) -> frozenset[str]:
     out = set()
     for raw in _TERM.findall(text):
         token = raw.strip(".,:/").lstrip("$").replace(",", "")
@@ -111,6 +129,9 @@ def terms_of(text: str) -> frozenset[str]:
         elif len(token) >= 3 and any(ch.isdigit() for ch in token):
             out.add(token)
     return frozenset(out)
+
+
+_remembered_terms = functools.lru_cache(maxsize=16384)(_terms_of)
 
 
 @dataclass(frozen=True)
@@ -345,7 +366,11 @@ def _error_excerpt(text: str, c: Compaction, salience: Salience, window: int | N
     return _text_excerpt(text, c, salience, window)
 
 
-@functools.lru_cache(maxsize=4096)
+# terms_in by the result's sha256 (its content is a function of it): a cache keyed by the content
+# itself held every result's text as long as the entry lived.
+_TERMS_IN = BoundedCache(4096)
+
+
 def _terms_in(content: str) -> frozenset[str]:
     found: set[str] = set()
     for line in _folded_lines(content):
@@ -365,7 +390,11 @@ def _terms_in(content: str) -> frozenset[str]:
 def terms_in(view: ArtifactView) -> frozenset[str]:
     """Every identifier or amount any line an extractor may weigh holds (a superset): a memory
     depends on the conversation's named terms only through these."""
-    return _terms_in(view.content)
+    found = _TERMS_IN.get(view.sha256)
+    if found is None:
+        found = _terms_in(view.content)
+        _TERMS_IN.put(view.sha256, found)
+    return found
 
 
 _MIN_LINE_CHARS = 40

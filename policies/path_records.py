@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 from policies.assembly_types import Records
 from policies.memories import ArtifactView
-from policies.result_facts import BoundedCache
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
@@ -85,8 +85,10 @@ def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> l
 # alone. A node id names its whole prefix (content and parents), so an entry is a function of its key
 # except for `observed_at` and `owner_participant`, which come from the store and are checked against
 # each request's. Entries of one conversation share their views; the views hold the results' texts, so
-# few conversations are kept.
-_PREFIXES = BoundedCache(128)
+# few conversations are kept: at most 128 entries, holding at most VIEWS_TEXT_BUDGET characters of
+# results (counted per entry, so shared views count more than once). Counted by entries alone, a burst
+# of conversations with multi-MB transcripts kept hundreds of MB after it (bench/large_bodies.py).
+_PREFIXES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda prefix: views_text(prefix.artifacts))
 _PREFIX_LOOKBACK = 16  # where an earlier request may have ended: within the last few messages
 
 

@@ -7,35 +7,10 @@ import functools
 import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
 from typing import Any, Sequence
 
+from policies.bounded_cache import BoundedCache
 from policies.memories import ArtifactView
-
-
-class BoundedCache:
-    """A small thread-safe LRU: what it holds is a pure function of the key, so sharing results
-    between requests changes no output, only the time taken."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        return None
-
-    def put(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._items[key] = value
-            if len(self._items) > self.size:
-                self._items.popitem(last=False)
-
 
 _LOOSE = BoundedCache(65536)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from policies.result_facts import BoundedCache
+from policies.bounded_cache import BoundedCache
 
 PREFIX_LOOKBACK = 16  # where an earlier request of the conversation may have ended: its last few messages
 

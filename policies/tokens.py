@@ -29,7 +29,7 @@ def _cached_count(text: str, name: str) -> int:
 
 
 _LONG_COUNTS: OrderedDict[tuple[bytes, str], int] = OrderedDict()
-_LONG_COUNTS_SIZE = 16384
+_LONG_COUNTS_SIZE = 65536  # digests and counts: about 10 MB full
 _LONG_COUNTS_LOCK = threading.Lock()
 
 
@@ -48,10 +48,13 @@ def _count_long(text: str, name: str) -> int:
     return count
 
 
+_SHORT_TEXT = 512  # counts of texts up to this long are remembered by the text itself (65,536 of them)
+
+
 def count_text(text: str, name: str = DEFAULT_ENCODING) -> int:
     if not text:
         return 0
-    if len(text) > 4096:
+    if len(text) > _SHORT_TEXT:
         return _count_long(text, name)
     return _cached_count(text, name)
 

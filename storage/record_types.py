@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping
 
 from policies.assembly_types import Decision
-from policies.result_facts import BoundedCache
+from policies.bounded_cache import BoundedCache
 from storage.canonical import fast_canonical_json
 from storage.encryption import EncryptionKeys, artifact_arguments_aad, run_error_aad, run_response_aad
 from storage.schema import ContextAssembly, ModelRun, ToolArtifact
@@ -311,7 +311,9 @@ def run_as_dict(row: ModelRun, encryption: EncryptionKeys) -> dict[str, Any]:
     }
 
 
-_DIGESTS = BoundedCache(8192)
+# Keyed by the message's strings, holding its canonical bytes: at most 32 MB of them (a verbatim
+# result may be megabytes).
+_DIGESTS = BoundedCache(8192, max_weight=32 * 1024 * 1024, weigh=lambda found: 2 * len(found[1]))
 
 
 def message_digest(message: dict[str, Any]) -> tuple[str, bytes]:

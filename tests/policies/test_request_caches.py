@@ -17,7 +17,7 @@ from policies.assembler import assemble
 from policies.path_records import path_tokens, records_for_path
 from policies.policy import policy_from_mapping
 from policies.presets import preset
-from policies.result_facts import BoundedCache
+from policies.bounded_cache import BoundedCache
 from policies.transcript import artifact_id_for, message_path
 
 NOW = 1_800_000_000.0
