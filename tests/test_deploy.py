@@ -357,6 +357,44 @@ def test_compose_references_resolve() -> None:
     assert upstream.group(1) in services and upstream.group(1) == "gateway" and upstream.group(2) == "4000"
 
 
+def _nginx_directives(text: str) -> list[tuple[str, str]]:
+    """(name, arguments) of each simple directive of an nginx config, in order (comments dropped)."""
+    text = re.sub(r"#[^\n]*", "", text)
+    return [(name, args.strip()) for name, args in re.findall(r"(?<![\w$@/.:-])(\w+)\s+((?:'[^']*'|[^;{}'])*);", text)]
+
+
+def test_nginx_holds_slow_and_heavy_clients_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compose file's front proxy times out slow headers and bodies, caps connections per address
+    (answered 503 with retry-after in the caller's error shape), buffers a body whole before a gateway
+    sees it, and agrees with the gateway's own limits."""
+    text = (DEPLOY / "nginx.conf").read_text()
+    found = _nginx_directives(text)
+    one = {name: args for name, args in found}
+    settings = _load(yaml.safe_load((DEPLOY / "config.compose.yaml").read_text()),
+                     _compose_env(_compose()["services"]["gateway"]), monkeypatch)
+    for name, gateway_seconds in (("client_header_timeout", settings.server.header_timeout_seconds),
+                                  ("client_body_timeout", settings.server.body_timeout_seconds),
+                                  ("send_timeout", None)):
+        assert name in one, f"nginx.conf sets no {name}"
+        assert 0 < _seconds(one[name]) <= (gateway_seconds or 60), (name, one[name])
+    assert one["reset_timedout_connection"] == "on"
+    zone = re.fullmatch(r"\$binary_remote_addr zone=(\w+):\d+m", one["limit_conn_zone"])
+    assert zone, one["limit_conn_zone"]
+    limit = re.fullmatch(r"(\w+) (\d+)", one["limit_conn"])
+    assert limit and limit.group(1) == zone.group(1) and 0 < int(limit.group(2)) <= settings.server.max_connections
+    assert one["limit_conn_status"] == "503" and one["error_page"] == "503 = @busy"
+    size = re.fullmatch(r"(\d+)m", one["client_max_body_size"])
+    assert size and int(size.group(1)) * 1024 * 1024 == settings.server.max_body_bytes
+    assert one["proxy_request_buffering"] == "on"  # a slow body stays in nginx
+    # nginx's own 503: retry-after, and the error shape of the path (Anthropic's under /v1/messages)
+    busy = text.split("location @busy", 1)[1]
+    assert re.search(r"add_header Retry-After \d+ always;", busy)
+    assert "if ($uri ~ ^/v1/messages)" in busy
+    anthropic, openai = (json.loads(body) for body in re.findall(r"return 503 '([^']*)';", busy))
+    assert anthropic["type"] == "error" and anthropic["error"]["type"] == "overloaded_error"
+    assert set(openai["error"]) == {"message", "type", "param", "code"}
+
+
 def test_the_compose_config_loads_with_the_compose_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     compose = _compose()
     gateway = compose["services"]["gateway"]
