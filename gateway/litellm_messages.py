@@ -143,14 +143,31 @@ def _route_maps_each_message(route: Any, litellm_params: Mapping[str, Any]) -> b
         gpt._names_claude(route.model, litellm_params) and gpt._drops_params(litellm_params))
 
 
+def _chars(value: Any) -> int:
+    """The characters of the strings a value of JSON's types holds."""
+    kind = type(value)
+    if kind is str:
+        return len(value)
+    if kind is dict:
+        return sum(_chars(item) for item in value.values())
+    if kind is list or kind is tuple:
+        return sum(_chars(item) for item in value)
+    return 0
+
+
 class MessageMemo:
     """Prepared messages (before `transform_request`, and as sent) by route and exact message, at most
     `limit` of them (the oldest quarter dropped past it; a 1,000-message transcript of ~1 kB messages
-    holds ~2 MB: the key and the prepared copy). Read without a lock (a message dropped meanwhile is
-    prepared again), written under one."""
+    holds ~2 MB: the key and the prepared copy) and at most `max_chars` characters of them, keys and
+    texts (the oldest dropped past it: a verbatim tool result may be megabytes, and 16,384 of those
+    held after a burst of large transcripts would be gigabytes). Read without a lock (a message dropped
+    meanwhile is prepared again), written under one."""
 
-    def __init__(self, limit: int = 16384) -> None:
+    def __init__(self, limit: int = 16384, max_chars: int = 64 * 1024 * 1024) -> None:
         self.limit = limit
+        self.max_chars = max_chars
+        self.chars = 0
+        self._weights: dict[bytes, int] = {}
         self._prepared: dict[bytes, tuple[Any, Any]] = {}
         self._calls: dict[bytes, Any] = {}  # `remembered`
         self._routes: dict[tuple[Any, ...], bool] = {}  # whether the route's whole-list steps map each message
@@ -159,6 +176,8 @@ class MessageMemo:
     def clear(self) -> None:
         with self._lock:
             self._prepared.clear()
+            self._weights.clear()
+            self.chars = 0
             self._routes.clear()
             self._calls.clear()
 
@@ -231,10 +250,24 @@ class MessageMemo:
         return _copied(kept)
 
     def _remember(self, keys: list[bytes], entries: list[tuple[Any, Any]]) -> None:
-        if keys:
-            with self._lock:
-                self._prepared.update(zip(keys, entries))
+        if not keys:
+            return
+        weights = [len(key) + _chars(entry[1]) for key, entry in zip(keys, entries)]
+        with self._lock:
+            for key, entry, weight in zip(keys, entries, weights):
+                if weight > self.max_chars:
+                    continue
+                self.chars += weight - self._weights.get(key, 0)
+                self._prepared[key] = entry
+                self._weights[key] = weight
+            if len(self._prepared) > self.limit:
                 trim_oldest(self._prepared, self.limit)
+                for gone in [key for key in self._weights if key not in self._prepared]:
+                    self.chars -= self._weights.pop(gone)
+            while self.chars > self.max_chars:
+                oldest = next(iter(self._prepared))
+                del self._prepared[oldest]
+                self.chars -= self._weights.pop(oldest)
 
 
 class Prepared:

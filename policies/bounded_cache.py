@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 # The characters of tool results one cache of result views may keep alive: the caches that carry a
 # conversation's views over to its next request keep a few conversations, however large their results.
-VIEWS_TEXT_BUDGET = 64 * 1024 * 1024
+VIEWS_TEXT_BUDGET = 32 * 1024 * 1024
 
 
 def views_text(views: Mapping[Any, Any]) -> int:

@@ -213,3 +213,24 @@ def test_a_message_known_by_its_digest_comes_from_the_memo() -> None:
     # Known by the digest only: the same messages without it are prepared again (and then remembered).
     fresh = memo.lookup(ROUTE, copy.deepcopy(transcript), {"custom_llm_provider": "openai"})
     assert fresh is not None and len(fresh._before_new) == 2
+
+
+def test_the_memo_holds_a_bounded_share_of_text() -> None:
+    """Large verbatim results are forgotten oldest first once the memo holds `max_chars` of text; a
+    message larger than all of it is not kept; what stays still comes from the memo."""
+    memo = MessageMemo(max_chars=45_000)  # an entry of these: ~10 kB of text and a key as long
+
+    def send(transcript: list[Any]) -> Any:
+        found = memo.lookup(ROUTE, copy.deepcopy(transcript), {"custom_llm_provider": "openai"})
+        assert found is not None
+        found.body(lambda some: {"messages": some}, None)
+        return found
+
+    big = [{"role": "user", "content": f"{n} " + "x" * 10_000} for n in range(4)]
+    send(big)
+    assert memo.chars <= 45_000 and len(memo._prepared) == 2  # the two latest
+    assert len(send(big[2:])._before_new) == 0  # those come from the memo
+    send([{"role": "user", "content": "y" * 30_000}])
+    assert memo.chars <= 45_000 and len(memo._prepared) == 2
+    memo.clear()
+    assert memo.chars == 0 and memo._weights == {}
