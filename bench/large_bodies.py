@@ -3,7 +3,7 @@
     .venv/bin/python bench/large_bodies.py [--clients 50] [--body-mb 3] [--rounds 2] [--settle-seconds 20]
                                            [--slow-clients 3000] [--header-timeout 5] [--json]
 
-`gateway serve` (SQLite, the `coding-agent` policy) in front of the fake upstream (tests/fake_upstream.py).
+`gateway serve` (SQLite, the `coding-agent` policy) in front of the fake upstream (`gateway fake-upstream --plain`).
 
 Memory: the gateway's RSS (VmRSS of its process) after start and one small request (baseline); the highest
 sampled while `--clients` concurrent chat requests each carry a transcript of `--body-mb` MB of tool

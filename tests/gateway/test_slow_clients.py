@@ -1,9 +1,9 @@
 """Slow and heavy clients (issue 27) against `gateway serve`, as a user starts it.
 
-Two gateway processes in front of the fake upstream (tests/fake_upstream.py), both with deadlines of
-6 s for headers and 2 s for bodies and a budget of 1.5 MB of request bytes (bodies up to 1 MB): `roomy` keeps up
-to 4,000 connections, `capped` 40. Loopback only; the test process raises its own descriptor limit
-for the 3,000 sockets it holds.
+Two gateway processes in front of the fake upstream (`gateway fake-upstream --plain`), both with
+deadlines of 6 s for headers and 2 s for bodies and a budget of 1.5 MB of request bytes (bodies up to
+1 MB): `roomy` keeps up to 4,000 connections, `capped` 40. Loopback only; the test process raises its
+own descriptor limit for the 3,000 sockets it holds.
 
 - 3,000 clients each send `POST /v1/chat/completions HTTP/1.1\\r\\nHost: x\\r\\n` and nothing more: a
   normal request still answers (in well under the bound asserted here; bench/large_bodies.py reports
