@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Iterator
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
@@ -89,7 +89,10 @@ def test_the_real_descriptor_limit_is_enough_for_a_small_cap() -> None:
 
 def _app(gate: ConnectionGate) -> Starlette:
     async def hello(request: Request) -> PlainTextResponse:
-        await request.body()
+        try:
+            await request.body()
+        except ClientDisconnect:  # a socket the test closes with its body unsent
+            pass
         return PlainTextResponse("hello")
 
     @asynccontextmanager
