@@ -84,6 +84,10 @@ def test_example_config_is_valid() -> None:
      "did you mean 'bucket'?"),
     (lambda c: c.update(redis={"url": "redis://cache", "when_down": "ignore"}), "redis.when_down",
      "'local' or 'refuse'"),
+    (lambda c: c.update(server={"max_body_bytes": 1000, "max_buffered_request_bytes": 999}),
+     "server.max_buffered_request_bytes", "less than max_body_bytes (1000)"),
+    (lambda c: c.update(server={"header_timeout_seconds": 0}), "server.header_timeout_seconds", "greater than 0"),
+    (lambda c: c.update(server={"max_connections": 0}), "server.max_connections", "greater than 0"),
 ])
 def test_bad_config_names_file_and_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutate, field, words) -> None:
     monkeypatch.setenv("UPSTREAM_KEY", "x")
