@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.forwarding import Completion, FirstRound
+from gateway.exchange import Completion, FirstRound
 from gateway.outcomes import Accounting
 from gateway.pipeline import SESSION_HEADERS, check_limits, header_value, model_for, read_body, tenant_principal
 from gateway.request_id import request_id_of

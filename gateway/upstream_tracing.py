@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from gateway import messages_forwarding, responses_forwarding
 from gateway.tracing import PROPAGATOR, mark_failed
 from gateway.upstream import UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
+from gateway.wire import anthropic_messages, openai_responses
 
 _MAX_TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _RESPONSES_TERMINAL = ("response.completed", "response.failed", "response.incomplete")
@@ -130,12 +130,12 @@ def _chat_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]:
 
 
 def _messages_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]:
-    return (messages_forwarding.chat_usage(response.get("usage")), [response.get("stop_reason")],
+    return (anthropic_messages.run_usage(response.get("usage")), [response.get("stop_reason")],
             [{"role": "assistant", "content": response.get("content")}])
 
 
 def _responses_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]:
-    return responses_forwarding.chat_usage(response.get("usage")), [response.get("status")], response.get("output")
+    return openai_responses.run_usage(response.get("usage")), [response.get("status")], response.get("output")
 
 
 # What each stream's events add; True at the event that ends the answer.
@@ -155,7 +155,7 @@ def _messages_event(call: _Call, event: Mapping[str, Any]) -> bool:
         call.anthropic_usage.update(message.get("usage") or {})
     elif kind == "message_delta":
         call.anthropic_usage.update(event.get("usage") or {})
-        call.answered({}, messages_forwarding.chat_usage(call.anthropic_usage),
+        call.answered({}, anthropic_messages.run_usage(call.anthropic_usage),
                       [(event.get("delta") or {}).get("stop_reason")], None)
     elif kind == "content_block_delta" and call.capture_content:
         text = (event.get("delta") or {}).get("text")
