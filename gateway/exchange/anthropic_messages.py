@@ -10,12 +10,11 @@ summed usage, and `message_stop`.
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
 
 from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.exchange.dialect import Answer, Completion, Dialect, GatewayTool
 from gateway.exchange.driver import Exchange
-from gateway.upstream import UpstreamClient, UpstreamRequest
 from gateway.wire import anthropic_messages as wire
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES, run_usage, sse
 
@@ -23,12 +22,6 @@ from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES, run_usage, sse
 class MessagesDialect(Dialect):
     api = "messages"
     field = "messages"
-
-    async def call(self, upstream: UpstreamClient, request: UpstreamRequest) -> Answer:
-        return await upstream.messages(request)
-
-    def open_stream(self, upstream: UpstreamClient, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return upstream.stream_messages(request)
 
     add_usage = staticmethod(wire.add_usage)
 

@@ -12,10 +12,10 @@ one answer, and the frames that end the stream.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 from gateway.errors import GatewayError
-from gateway.upstream import UpstreamClient, UpstreamRequest
+from gateway.upstream import Api
 
 if TYPE_CHECKING:
     from gateway.exchange.driver import Exchange
@@ -76,12 +76,8 @@ class StreamView(Protocol):
 class Dialect(Protocol):
     """One upstream API's answers, as the exchange reads and rewrites them."""
 
-    api: str  # the upstream API: "chat", "messages", "responses"
+    api: Api  # the upstream API it reads: "chat", "messages", "responses"
     field: str  # the request field hidden rounds are appended to
-
-    async def call(self, upstream: UpstreamClient, request: UpstreamRequest) -> Answer: ...
-
-    def open_stream(self, upstream: UpstreamClient, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]: ...
 
     def add_usage(self, total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
         """Usage summed over rounds (each answer's is its `usage` field), in the dialect's shape."""

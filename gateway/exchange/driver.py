@@ -69,7 +69,7 @@ async def complete(upstream: UpstreamClient, exchange: Exchange) -> Completion:
     dialect = exchange.dialect
     usage: dict[str, Any] | None = None
     while True:
-        answer = await dialect.call(upstream, exchange.request)
+        answer = await upstream.call(dialect.api, exchange.request)
         usage = dialect.add_usage(usage, answer.get("usage"))
         calls = dialect.gateway_calls(answer, exchange.rehydrator)
         if calls and exchange.more_rounds_allowed():
@@ -113,7 +113,7 @@ class Relay:
         self.upstream = upstream
         self.exchange = exchange
         self.view = exchange.dialect.stream(exchange)
-        self._first = FirstRound(exchange.dialect.open_stream(upstream, exchange.request))
+        self._first = FirstRound(upstream.stream(exchange.dialect.api, exchange.request))
 
     async def start(self) -> None:
         """Open the first upstream round; an error here is still an ordinary HTTP error."""
@@ -138,7 +138,7 @@ class Relay:
             calls = dialect.gateway_calls(answer, exchange.rehydrator)
             if calls and current.answered and exchange.more_rounds_allowed():
                 await exchange.hide_round(answer, calls)
-                events = dialect.open_stream(self.upstream, exchange.request)
+                events = self.upstream.stream(dialect.api, exchange.request)
                 first = False
                 continue
             for frame in self.view.end(current, calls, usage):

@@ -9,13 +9,12 @@ summed over the rounds, closes the stream (passed on if the client asked for it)
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
 
 from gateway.errors import GatewayError
 from gateway.exchange.chat_chunks import StreamAccumulator
 from gateway.exchange.dialect import Answer, Completion, Dialect, GatewayTool
 from gateway.exchange.driver import Exchange
-from gateway.upstream import UpstreamClient, UpstreamRequest
 from gateway.wire import openai_chat as wire
 from gateway.wire.openai_chat import OPENAI_CHAT, SSE_DONE, sse_event
 
@@ -23,12 +22,6 @@ from gateway.wire.openai_chat import OPENAI_CHAT, SSE_DONE, sse_event
 class ChatDialect(Dialect):
     api = "chat"
     field = "messages"
-
-    async def call(self, upstream: UpstreamClient, request: UpstreamRequest) -> Answer:
-        return await upstream.complete(request)
-
-    def open_stream(self, upstream: UpstreamClient, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return upstream.stream(request)
 
     add_usage = staticmethod(wire.add_usage)
 

@@ -11,12 +11,11 @@ gateway's id (gateway/wire/openai_responses.py `response_id_for`), the client's
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.exchange.dialect import Answer, Completion, Dialect, GatewayTool
 from gateway.exchange.driver import Exchange
-from gateway.upstream import UpstreamClient, UpstreamRequest
 from gateway.wire import openai_responses as wire
 from gateway.wire.openai_responses import error_event, response_id_for, run_usage, sse
 
@@ -27,12 +26,6 @@ _OPENING = ("response.created", "response.in_progress", "response.queued")
 class ResponsesDialect(Dialect):
     api = "responses"
     field = "input"
-
-    async def call(self, upstream: UpstreamClient, request: UpstreamRequest) -> Answer:
-        return await upstream.responses(request)
-
-    def open_stream(self, upstream: UpstreamClient, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return upstream.stream_responses(request)
 
     add_usage = staticmethod(wire.add_usage)
 

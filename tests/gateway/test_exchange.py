@@ -114,12 +114,6 @@ class ToyDialect:
     api = "toy"
     field = "turns"
 
-    async def call(self, upstream: "ScriptedUpstream", request: UpstreamRequest) -> dict[str, Any]:
-        return await upstream.call(request)
-
-    def open_stream(self, upstream: "ScriptedUpstream", request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return upstream.stream(request)
-
     def usage(self, answer: dict[str, Any]) -> dict[str, Any] | None:
         return answer.get("usage")
 
@@ -155,11 +149,13 @@ class ScriptedUpstream:
     requests: list[list[Any]] = field(default_factory=list)  # each call's `turns`, as sent
     closed: list[int] = field(default_factory=list)
 
-    async def call(self, request: UpstreamRequest) -> dict[str, Any]:
+    async def call(self, api: str, request: UpstreamRequest) -> dict[str, Any]:
+        assert api == "toy"
         self.requests.append(list(request.body["turns"]))
         return self.script[len(self.requests) - 1]
 
-    def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, api: str, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        assert api == "toy"
         self.requests.append(list(request.body["turns"]))
         return self._round(len(self.requests) - 1)
 

@@ -89,12 +89,10 @@ class ScriptedUpstream:
         finally:
             self.closed.append(number)
 
-    def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, api: str, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         self.closed_before.append(list(self.closed))
         self.opened += 1
         return self._round(self.opened - 1)
-
-    stream_messages = stream_responses = stream
 
 
 @dataclass
