@@ -32,7 +32,7 @@ from gateway.config import ModelSettings, Settings
 from gateway.deployment_params import ROUTING_KEYS
 from gateway.errors import RateLimitExceeded, UpstreamError, UpstreamInvalidResponse, UpstreamRateLimited, \
     UpstreamTimeout, UpstreamUnavailable
-from gateway.upstream import Attempt, UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
+from gateway.upstream import Api, Attempt, UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
 from storage.ratelimit import RateLimiter
 
 _MAX_PROVIDER_WAIT = 30.0  # seconds of a provider's retry-after the gateway waits out before retrying
@@ -135,56 +135,25 @@ class RoutedUpstream(WrappedUpstream):
                               self.observed)
 
     # The UpstreamClient interface: each call routed.
-    async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call(self.inner.complete, request, stream=False)
-
-    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call(self.inner.messages, request, stream=False)
-
-    async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call(self.inner.responses, request, stream=False)
-
-    async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call(self.inner.embeddings, request, stream=False)
-
-    async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call(self.inner.text_completion, request, stream=False)
-
-    def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream(self.inner.stream, request)
-
-    def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream(self.inner.stream_messages, request)
-
-    def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream(self.inner.stream_responses, request)
-
-    def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream(self.inner.stream_text_completion, request)
-
-
-    # Routing.
-    async def _call(self, call: Callable[[UpstreamRequest], Awaitable[dict[str, Any]]],
-                    request: UpstreamRequest, *, stream: bool) -> dict[str, Any]:
-        plan = _Plan(self, request, stream)
+    async def call(self, api: Api, request: UpstreamRequest) -> dict[str, Any]:
+        plan = _Plan(self, request, stream=False)
         while True:
             routed = await plan.next()
             started = time.perf_counter()
             try:
-                answer = await call(routed)
+                answer = await self.inner.call(api, routed)
             except UpstreamError as error:
                 await plan.failed(error, started)
                 continue
             plan.answered(started)
             return answer
 
-    async def _stream(self, call: Callable[[UpstreamRequest], AsyncIterator[dict[str, Any]]],
-                      request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, api: Api, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         plan = _Plan(self, request, stream=True)
         while True:
             routed = await plan.next()
             started = time.perf_counter()
-            events = call(routed)
+            events = self.inner.stream(api, routed)
             try:
                 first = await events.__anext__()
             except StopAsyncIteration:

@@ -34,7 +34,7 @@ from gateway.litellm_params import NAMED, chat_by_name, split_body
 from gateway.litellm_streams import LiteLLMStream
 from gateway.threads import off_loop
 from gateway.upstream_errors import client_message
-from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Prices, UpstreamRequest, closing
+from gateway.upstream import UPSTREAM_REQUEST_ID_HEADER, Api, Prices, UpstreamRequest, closing
 from storage.canonical import compact_json_bytes
 
 def _deployment_key(params: Mapping[str, Any]) -> str:
@@ -135,6 +135,17 @@ class LiteLLMUpstream:
         if self._direct is not None:
             await self._direct.aclose()
 
+    async def call(self, api: Api, request: UpstreamRequest) -> dict[str, Any]:
+        if api in ("embeddings", "completions"):
+            return await self._plain(api, request)
+        calls = {"chat": self._chat, "messages": self._messages, "responses": self._responses}
+        return await calls[api](request)
+
+    def stream(self, api: Api, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        streams = {"chat": self._stream_chat, "messages": self._stream_messages, "responses": self._stream_responses,
+                   "completions": self._stream_text_completion}  # embeddings do not stream
+        return streams[api](request)
+
     def _direct_call(self, request: UpstreamRequest, stream: bool) -> DirectCall | None:
         """The direct exchange LiteLLM would make for a chat request, or None to let LiteLLM make it."""
         if self._direct is None:
@@ -220,7 +231,7 @@ class LiteLLMUpstream:
             request = self._refused_tool_changes(request, map_error(exc, request), exc)
         return await litellm.anthropic.messages.acreate(**self._messages_kwargs(request, stream=stream))
 
-    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
+    async def _messages(self, request: UpstreamRequest) -> dict[str, Any]:
         try:
             response = await self._create_message(request, stream=False)
         except GatewayError:  # ours (a refused field, an invalid answer): as it is
@@ -232,7 +243,7 @@ class LiteLLMUpstream:
             raise UpstreamInvalidResponse("upstream: the answer is not a message (no content blocks)")
         return body
 
-    async def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    async def _stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         try:
             stream = await self._create_message(request, stream=True)
             if not hasattr(stream, "__aiter__"):  # a whole message (LiteLLM's mock answers so): its events
@@ -254,7 +265,7 @@ class LiteLLMUpstream:
     def _responses_kwargs(self, request: UpstreamRequest, stream: bool) -> dict[str, Any]:
         return self._call_kwargs(request, NAMED["responses"].__contains__, stream=stream)
 
-    async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
+    async def _responses(self, request: UpstreamRequest) -> dict[str, Any]:
         kwargs = self._responses_kwargs(request, stream=False)
         try:
             response = await litellm.aresponses(**kwargs)
@@ -265,7 +276,7 @@ class LiteLLMUpstream:
             raise UpstreamInvalidResponse("upstream: the answer is not a response (no output items)")
         return _drop_none(body, _KEEP_NULL)
 
-    async def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    async def _stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         try:
             stream = await litellm.aresponses(**self._responses_kwargs(request, stream=True))
             async with LiteLLMStream(stream) as events:
@@ -281,29 +292,19 @@ class LiteLLMUpstream:
         except Exception as exc:
             raise map_error(exc, request) from exc
 
-    def _plain_kwargs(self, request: UpstreamRequest, api: str) -> dict[str, Any]:
-        """Embeddings (`api="embeddings"`) and completions: OpenAI's documented fields by name, the others
-        in `extra_body`."""
-        return self._call_kwargs(request, NAMED[api].__contains__)
-
-    async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]:
-        kwargs = self._plain_kwargs(request, "embeddings")
+    async def _plain(self, api: str, request: UpstreamRequest) -> dict[str, Any]:
+        """An embeddings or text completion answer; OpenAI's documented fields by name, the others in
+        `extra_body`."""
+        send = litellm.aembedding if api == "embeddings" else litellm.atext_completion
+        kwargs = self._call_kwargs(request, NAMED[api].__contains__)  # a refused field: InvalidRequest, as it is
         try:
-            response = await litellm.aembedding(**kwargs)
+            response = await send(**kwargs)
         except Exception as exc:
             raise map_error(exc, request) from exc
         return _drop_none(response.model_dump(), _KEEP_NULL)
 
-    async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]:
-        kwargs = self._plain_kwargs(request, "completions")
-        try:
-            response = await litellm.atext_completion(**kwargs)
-        except Exception as exc:
-            raise map_error(exc, request) from exc
-        return _drop_none(response.model_dump(), _KEEP_NULL)
-
-    async def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        kwargs = self._plain_kwargs(request, "completions")
+    async def _stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        kwargs = self._call_kwargs(request, NAMED["completions"].__contains__)
         # Usage is always asked for (LiteLLM drops the provider's usage otherwise), so the run is
         # recorded with its tokens and cost; the caller passes the usage chunk on only if the client asked.
         kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}), "include_usage": True}
@@ -334,7 +335,7 @@ class LiteLLMUpstream:
             return self._direct_call(request, stream)
         return await off_loop(self._direct_call, request, stream)
 
-    async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
+    async def _chat(self, request: UpstreamRequest) -> dict[str, Any]:
         call = await self._direct_call_built(request, stream=False)
         if call is not None and self._direct is not None:
             return check_completion(_completion_out(await self._direct.complete(call)))
@@ -345,7 +346,7 @@ class LiteLLMUpstream:
             raise map_error(exc, request) from exc
         return check_completion(_completion_out(response.model_dump()))
 
-    async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    async def _stream_chat(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         call = await self._direct_call_built(request, stream=True)
         if call is not None and self._direct is not None:
             async with closing(self._direct.stream(call)) as direct:

@@ -9,12 +9,11 @@ from fastapi.responses import Response
 from gateway import passthrough, pipeline
 from gateway.errors import ModelNotFound, NotFound, PermissionDenied
 from gateway.run_recorder import outcomes_written
-from gateway.responses_forwarding import request_id_for
 from gateway.services import PrincipalDep, ServicesDep
 from gateway.threads import off_loop
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
 from gateway.wire.openai_chat import OPENAI_CHAT
-from gateway.wire.openai_responses import OPENAI_RESPONSES
+from gateway.wire.openai_responses import OPENAI_RESPONSES, request_id_for
 
 router = APIRouter()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.forwarding import Completion
+from gateway.exchange import Completion
 from gateway.upstream import Prices
 from storage.record_types import RunOutcome
 

@@ -7,14 +7,14 @@ goes back as it came. `/v1/completions` streams too.
 """
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.forwarding import Completion, FirstRound
+from gateway.exchange import Completion, FirstRound
 from gateway.outcomes import Accounting
 from gateway.pipeline import SESSION_HEADERS, check_limits, header_value, model_for, read_body, tenant_principal
 from gateway.request_id import request_id_of
@@ -53,7 +53,7 @@ def _checked(model: type[BaseModel], body: dict[str, Any]) -> BaseModel:
                              param=param) from exc
 
 
-async def handle(request: Request, services: Services, kind: str) -> Response:
+async def handle(request: Request, services: Services, kind: Literal["embeddings", "completions"]) -> Response:
     """One embeddings or completions request, recorded as a run of wire format `openai.<kind>`."""
     principal = await tenant_principal(request, services)
     tenant = principal.tenant
@@ -85,10 +85,7 @@ async def handle(request: Request, services: Services, kind: str) -> Response:
         if stream:
             options = body.get("stream_options") or {}
             return await _stream(services, upstream, recorder, headers, bool(options.get("include_usage")))
-        if kind == "embeddings":
-            answer = await services.upstream.embeddings(upstream)
-        else:
-            answer = await services.upstream.text_completion(upstream)
+        answer = await services.upstream.call(kind, upstream)
         await recorder.succeed(_completion(recorder, answer))
         return JSONResponse(answer, headers=headers)
 
@@ -107,7 +104,7 @@ async def _stream(services: Services, upstream: UpstreamRequest, recorder: RunRe
                   headers: dict[str, str], wants_usage: bool) -> Response:
     """The upstream's chunks as they come; its closing usage chunk (always asked for, so the run is
     recorded with its usage) goes on only if the client asked for it."""
-    chunks = FirstRound(services.upstream.stream_text_completion(upstream))
+    chunks = FirstRound(services.upstream.stream("completions", upstream))
     await chunks.open()  # an error before the first chunk is an ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:

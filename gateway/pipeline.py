@@ -15,7 +15,6 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 from fastapi import Request
 from fastapi.responses import Response
 
-from gateway import forwarding, messages_forwarding, responses_forwarding
 from gateway.auth import Principal, authenticate_async
 from gateway.config import ModelSettings, TenantSettings
 from gateway.errors import (
@@ -25,11 +24,9 @@ from gateway.errors import (
     PermissionDenied,
     RateLimitExceeded,
 )
-from gateway.forwarding import ChatRelay, Conversation
+from gateway.exchange import DIALECTS, Exchange, Relay, complete
 from gateway.outcomes import Accounting, offline_deployment
 from gateway.projection import assembly_record, project, projected_tokens
-from gateway.messages_forwarding import MessagesRelay
-from gateway.responses_forwarding import ResponsesRelay, request_id_for
 from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
 from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, outcomes_written
@@ -38,7 +35,7 @@ from gateway.threads import off_loop
 from gateway.upstream import Attempt, UpstreamRequest, closing
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
-from gateway.wire.openai_responses import check_pairs, output_to_neutral
+from gateway.wire.openai_responses import check_pairs, output_to_neutral, request_id_for
 from gateway.wire.json_body import check_text
 from policies.assembly_types import Projection, Records
 from policies.policy import Policy
@@ -50,10 +47,6 @@ PARENT_HEADER = "x-gateway-parent-request"
 _PARENT_REQUEST = re.compile(r"^req_[0-9a-f]{32}$")
 _OFF_LOOP_BYTES = 32 * 1024  # bodies past this are parsed and hashed in a worker thread, off the event loop
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")  # the client's, sent on to the provider
-# How each upstream protocol is called: the answer as JSON, and as a relayed stream.
-COMPLETE = {"chat": forwarding.complete, "messages": messages_forwarding.complete,
-            "responses": responses_forwarding.complete}
-RELAYS = {"chat": ChatRelay, "messages": MessagesRelay, "responses": ResponsesRelay}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -147,11 +140,11 @@ def model_for(services: Services, tenant: TenantSettings, name: str) -> ModelSet
     return model
 
 
-def _conversation(services: Services, run: RunStart, request: Request, neutral: NeutralRequest,
-                  wire: WireFormat, model: ModelSettings, policy: Policy, projection: Projection,
-                  records: Records, assembly: AssemblyRecord, previous_end: int | None,
-                  attempts: list[Attempt], models_allowed: frozenset[str] | None,
-                  midway: dict[str, Any] | None) -> Conversation:
+def _exchange(services: Services, run: RunStart, request: Request, neutral: NeutralRequest,
+              wire: WireFormat, model: ModelSettings, policy: Policy, projection: Projection,
+              records: Records, assembly: AssemblyRecord, previous_end: int | None,
+              attempts: list[Attempt], models_allowed: frozenset[str] | None,
+              midway: dict[str, Any] | None) -> Exchange:
     """The upstream request: the projection, plus the rehydration tool (when the client sends tools and
     the policy compacts).
 
@@ -189,8 +182,8 @@ def _conversation(services: Services, run: RunStart, request: Request, neutral: 
         attempts=attempts,
         client_digests=_as_sent_digests(neutral, projection),
     )
-    return Conversation(request=upstream_request, rehydrator=rehydrator,
-                        client_store=neutral.params.get("store") is not False, tracing=services.tracing)
+    return Exchange(dialect=DIALECTS[wire.upstream], request=upstream_request, rehydrator=rehydrator,
+                    client=neutral, tracing=services.tracing)
 
 
 def _as_sent_digests(neutral: NeutralRequest, projection: Projection) -> list[bytes | None] | None:
@@ -399,19 +392,17 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
             "x-gateway-tokens-forwarded": str(projection.tokens_forwarded),
             **rate_headers,
         }
-        conversation = _conversation(services, run, request, neutral, wire, model, policy, projection, records,
-                                     assembly, ingest.previous_leaf_position, recorder.attempts,
-                                     tenant.allowed_models, midway)
+        exchange = _exchange(services, run, request, neutral, wire, model, policy, projection, records, assembly,
+                             ingest.previous_leaf_position, recorder.attempts, tenant.allowed_models, midway)
         recorder.forwarding()
         if neutral.stream:
-            return await _stream(services, wire, neutral, conversation, recorder, headers)
-        completion = await COMPLETE[wire.upstream](services.upstream, conversation)
+            return await _stream(services, exchange, recorder, headers)
+        completion = await complete(services.upstream, exchange)
         return RecordedAnswer(completion.body, recorder, recorder.success(completion), headers)
 
 
-async def _stream(services: Services, wire: WireFormat, neutral: NeutralRequest, conversation: Conversation,
-                  recorder: RunRecorder, headers: dict[str, str]) -> Response:
-    relay = RELAYS[wire.upstream](services.upstream, conversation, neutral)
+async def _stream(services: Services, exchange: Exchange, recorder: RunRecorder, headers: dict[str, str]) -> Response:
+    relay = Relay(services.upstream, exchange)
     await relay.start()  # an error before the first event is an ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:

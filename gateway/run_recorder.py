@@ -28,7 +28,7 @@ from gateway import outcomes
 from gateway.assembly_bases import RecentAssemblies
 from gateway.budgets import Budgets
 from gateway.errors import GatewayError, InternalError, ServiceUnavailable
-from gateway.forwarding import Completion
+from gateway.exchange import Completion
 from gateway.metrics import GatewayMetrics
 from gateway.outcomes import Accounting
 from gateway.threads import off_loop

@@ -1,11 +1,11 @@
-"""The narrow interface to model providers: one call, streaming or not."""
+"""The narrow interface to model providers: one call and one stream, the API they speak named as data."""
 from __future__ import annotations
 
 import inspect
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, AsyncIterator, Literal, Mapping, Protocol, Sequence, TypeVar
 
 import anyio
 
@@ -16,10 +16,15 @@ _Stream = TypeVar("_Stream")
 # keeps this header in its own logs, so a support lookup there finds the run).
 UPSTREAM_REQUEST_ID_HEADER = "x-client-request-id"
 
+# The API an upstream call speaks; its answer and stream events are in that API's shape: Chat Completions
+# (a chat.completion, chat.completion.chunk objects), Anthropic Messages, OpenAI Responses, embeddings (no
+# stream) and text completions.
+Api = Literal["chat", "messages", "responses", "embeddings", "completions"]
+
 
 @dataclass(frozen=True)
 class UpstreamRequest:
-    """One request to send: the config's model entry and the body (Chat or Anthropic Messages fields)."""
+    """One request to send: the config's model entry and the body (the fields of the API it is sent in)."""
 
     alias: str
     litellm_params: Mapping[str, Any]
@@ -73,32 +78,17 @@ class Prices:
 
 
 class UpstreamClient(Protocol):
+    """Reaching providers: one call and one stream, each naming the API it speaks."""
+
     async def warm_up(self) -> None:
         """Do once, at start, what the first request would otherwise pay for."""
 
-    async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
-        """A chat.completion object as a plain dict; raises UpstreamError."""
+    async def call(self, api: Api, request: UpstreamRequest) -> dict[str, Any]:
+        """The answer in `api`'s shape, as a plain dict (`request.body` is that API's request); raises
+        UpstreamError."""
 
-    def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        """chat.completion.chunk objects as plain dicts; raises UpstreamError."""
-
-    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
-        """An Anthropic Messages answer (`request.body` is an Anthropic request); raises UpstreamError."""
-
-    def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        """Anthropic Messages stream events as plain dicts; raises UpstreamError."""
-
-    async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
-        """A Responses object (`request.body` is a Responses request); raises UpstreamError."""
-
-    def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        """Responses stream events as plain dicts; raises UpstreamError."""
-
-    async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]: ...
-
-    async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]: ...
-
-    def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]: ...
+    def stream(self, api: Api, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        """The answer's stream events in `api`'s shape, as plain dicts; raises UpstreamError."""
 
     def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
         """What the usage cost under the provider's price map, if known."""
@@ -109,7 +99,7 @@ class UpstreamClient(Protocol):
 
 class WrappedUpstream:
     """An `UpstreamClient` around another: what it does not change (warming up, prices, closing) is the
-    wrapped client's. Subclasses wrap the calls."""
+    wrapped client's. Subclasses wrap `call` and `stream`."""
 
     def __init__(self, inner: UpstreamClient) -> None:
         self.inner = inner

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from gateway import messages_forwarding, responses_forwarding
 from gateway.tracing import PROPAGATOR, mark_failed
-from gateway.upstream import UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
+from gateway.upstream import Api, UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
+from gateway.wire import anthropic_messages, openai_responses
 
 _MAX_TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _RESPONSES_TERMINAL = ("response.completed", "response.failed", "response.incomplete")
@@ -130,12 +130,12 @@ def _chat_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]:
 
 
 def _messages_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]:
-    return (messages_forwarding.chat_usage(response.get("usage")), [response.get("stop_reason")],
+    return (anthropic_messages.run_usage(response.get("usage")), [response.get("stop_reason")],
             [{"role": "assistant", "content": response.get("content")}])
 
 
 def _responses_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]:
-    return responses_forwarding.chat_usage(response.get("usage")), [response.get("status")], response.get("output")
+    return openai_responses.run_usage(response.get("usage")), [response.get("status")], response.get("output")
 
 
 # What each stream's events add; True at the event that ends the answer.
@@ -155,7 +155,7 @@ def _messages_event(call: _Call, event: Mapping[str, Any]) -> bool:
         call.anthropic_usage.update(message.get("usage") or {})
     elif kind == "message_delta":
         call.anthropic_usage.update(event.get("usage") or {})
-        call.answered({}, messages_forwarding.chat_usage(call.anthropic_usage),
+        call.answered({}, anthropic_messages.run_usage(call.anthropic_usage),
                       [(event.get("delta") or {}).get("stop_reason")], None)
     elif kind == "content_block_delta" and call.capture_content:
         text = (event.get("delta") or {}).get("text")
@@ -176,6 +176,17 @@ def _responses_event(call: _Call, event: Mapping[str, Any]) -> bool:
     return False
 
 
+# Each API's span: (operation, what an answer says of itself, what a stream event adds).
+_READERS: dict[str, tuple[str, Callable[[Mapping[str, Any]], tuple[Any, list[Any], Any]] | None,
+                          Callable[[_Call, Mapping[str, Any]], bool] | None]] = {
+    "chat": ("chat", _chat_answer, _chat_event),
+    "messages": ("chat", _messages_answer, _messages_event),
+    "responses": ("chat", _responses_answer, _responses_event),
+    "embeddings": ("embeddings", None, None),
+    "completions": ("text_completion", _chat_answer, _chat_event),
+}
+
+
 class TracedUpstream(WrappedUpstream):
     """An `UpstreamClient` whose calls are client spans; everything else is the wrapped client's."""
 
@@ -194,12 +205,11 @@ class TracedUpstream(WrappedUpstream):
         PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
         return _Call(span, self.capture_content), replace(request, extra_headers={**request.extra_headers, **headers})
 
-    async def _call(self, operation: str, api: str, request: UpstreamRequest,
-                    send: Callable[[UpstreamRequest], Any],
-                    read: Callable[[Mapping[str, Any]], tuple[Any, list[Any], Any]] | None) -> dict[str, Any]:
+    async def call(self, api: Api, request: UpstreamRequest) -> dict[str, Any]:
+        operation, read, _ = _READERS[api]
         call, request = self._open(operation, api, request)
         try:
-            response = await send(request)
+            response = await self.inner.call(api, request)
         except BaseException as exc:
             call.end(exc)
             raise
@@ -210,11 +220,12 @@ class TracedUpstream(WrappedUpstream):
         call.end()
         return response
 
-    async def _stream(self, operation: str, api: str, request: UpstreamRequest,
-                      open_stream: Callable[[UpstreamRequest], AsyncIterator[dict[str, Any]]],
-                      read: Callable[[_Call, Mapping[str, Any]], bool]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, api: Api, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        operation, _, read = _READERS[api]
+        if read is None:
+            raise ValueError(f"{api} answers do not stream")
         call, request = self._open(operation, api, request)
-        events = open_stream(request)
+        events = self.inner.stream(api, request)
         try:
             async for event in events:
                 if read(call, event):
@@ -227,32 +238,3 @@ class TracedUpstream(WrappedUpstream):
         finally:
             call.end()
             await close_stream(events)
-
-    async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call("chat", "chat", request, self.inner.complete, _chat_answer)
-
-    def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream("chat", "chat", request, self.inner.stream, _chat_event)
-
-    async def messages(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call("chat", "messages", request, self.inner.messages, _messages_answer)
-
-    def stream_messages(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream("chat", "messages", request, self.inner.stream_messages, _messages_event)
-
-    async def responses(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call("chat", "responses", request, self.inner.responses, _responses_answer)
-
-    def stream_responses(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream("chat", "responses", request, self.inner.stream_responses, _responses_event)
-
-    async def embeddings(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call("embeddings", "embeddings", request, self.inner.embeddings, None)
-
-    async def text_completion(self, request: UpstreamRequest) -> dict[str, Any]:
-        return await self._call("text_completion", "completions", request, self.inner.text_completion, _chat_answer)
-
-    def stream_text_completion(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
-        return self._stream("text_completion", "completions", request, self.inner.stream_text_completion,
-                            _chat_event)
-

@@ -4,9 +4,9 @@ Each format turns its request body into a `NeutralRequest` (the transcript as
 OpenAI Chat Completions messages, which is what the assembler speaks, with
 blocks that have no Chat equivalent carried as they came) and renders the
 projection back into its own request shape; answers go back in its own shape
-too (gateway/forwarding.py for Chat, gateway/messages_forwarding.py for
-Anthropic Messages). No module here touches storage; `gateway/pipeline.py`
-does the rest, the same for every format.
+too, with its usage (the hidden rounds of the upstream exchange are read by the
+format's dialect in gateway/exchange/). No module here touches storage;
+`gateway/pipeline.py` does the rest, the same for every format.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class NeutralRequest:
 
 class WireFormat(Protocol):
     name: str  # recorded on the run: openai.chat, anthropic.messages, openai.responses
-    upstream: str  # the upstream protocol its requests are forwarded in: "chat" or "messages"
+    upstream: str  # the upstream API its requests are forwarded in: "chat", "messages" or "responses"
 
     def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
         """The checked request; raises InvalidRequest naming the field at fault (too_many_messages when

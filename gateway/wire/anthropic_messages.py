@@ -315,6 +315,32 @@ def sse(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
+_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Anthropic usage summed over answers: its four token counts (the other fields are left out)."""
+    if not usage:
+        return total
+    out = dict(total or {})
+    for key in _USAGE_KEYS:
+        if isinstance(usage.get(key), int):
+            out[key] = (out.get(key) or 0) + usage[key]
+    return out
+
+
+def run_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Anthropic usage as the run records it (Chat's shape): prompt tokens include the cached and the
+    cache-written."""
+    if not usage:
+        return None
+    fresh, read = usage.get("input_tokens") or 0, usage.get("cache_read_input_tokens") or 0
+    written, output = usage.get("cache_creation_input_tokens") or 0, usage.get("output_tokens") or 0
+    return {"prompt_tokens": fresh + read + written, "completion_tokens": output,
+            "total_tokens": fresh + read + written + output, "prompt_tokens_details": {"cached_tokens": read},
+            "cache_creation_input_tokens": written}
+
+
 class AnthropicMessages:
     name = "anthropic.messages"
     upstream = "messages"

@@ -206,6 +206,26 @@ def error_body(error: GatewayError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}}
 
 
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens", "cache_creation_input_tokens")
+
+
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Chat usage summed over answers (a request's hidden rounds): the token counts and the cached tokens
+    added, the other fields the first answer's. Chat's shape is also how a run records usage."""
+    if not usage:
+        return total
+    if total is None:
+        return {**usage}
+    out = {**total}
+    for key in _USAGE_FIELDS:
+        if key in total or key in usage:
+            out[key] = (out.get(key) or 0) + (usage.get(key) or 0)
+    cached = ((total.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) + (
+        (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    out["prompt_tokens_details"] = {**(total.get("prompt_tokens_details") or {}), "cached_tokens": cached}
+    return out
+
+
 class OpenAIChat:
     name = "openai.chat"
     upstream = "chat"

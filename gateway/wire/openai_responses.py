@@ -236,6 +236,39 @@ def error_event(error: GatewayError) -> dict[str, Any]:
     return {"type": "error", "code": error.code, "message": error.message, "param": error.param}
 
 
+def response_id_for(request_id: str) -> str:
+    """The id of the response the gateway answers a request with: `resp_` and the request id's hex, which
+    `previous_response_id` and `GET /v1/responses/{id}` resolve."""
+    return f"resp_{request_id.removeprefix('req_')}"
+
+
+def request_id_for(response_id: str) -> str | None:
+    hexa = response_id.removeprefix("resp_")
+    return f"req_{hexa}" if response_id.startswith("resp_") and len(hexa) == 32 else None
+
+
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Responses usage summed over answers: input, output and total tokens, and cached input tokens."""
+    if not usage:
+        return total
+    out = dict(total or {})
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        out[key] = (out.get(key) or 0) + (usage.get(key) or 0)
+    cached = ((out.get("input_tokens_details") or {}).get("cached_tokens") or 0) + (
+        (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+    out["input_tokens_details"] = {**(out.get("input_tokens_details") or {}), "cached_tokens": cached}
+    return out
+
+
+def run_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Responses usage as the run records it (Chat's shape)."""
+    if not usage:
+        return None
+    return {"prompt_tokens": usage.get("input_tokens") or 0, "completion_tokens": usage.get("output_tokens") or 0,
+            "total_tokens": usage.get("total_tokens") or 0,
+            "prompt_tokens_details": {"cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens")}}
+
+
 class OpenAIResponses:
     name = "openai.responses"
     upstream = "responses"

@@ -84,10 +84,10 @@ async def outcome(upstream: LiteLLMUpstream, call: UpstreamRequest, stream: bool
     got: list[dict[str, Any]] = []
     try:
         if stream:
-            async for chunk in upstream.stream(call):
+            async for chunk in upstream.stream("chat", call):
                 got.append(chunk)
         else:
-            got.append(await upstream.complete(call))
+            got.append(await upstream.call("chat", call))
         return {"result": masked(got)}
     except Exception as exc:
         message = re.sub(r"time taken=[\d.]+ seconds", "time taken=T", str(exc))
@@ -235,7 +235,7 @@ async def test_request_bytes_are_identical() -> None:
             route = mock.post(url).respond(200, json=answer)
             for direct in (True, False):
                 upstream = LiteLLMUpstream(direct_transport=direct)
-                await upstream.complete(request(litellm_params, body))
+                await upstream.call("chat", request(litellm_params, body))
                 sent.append(route.calls.last.request.content)
         assert sent[0] == sent[1]
 
@@ -331,30 +331,30 @@ def test_eligible(model: str) -> None:
 
 async def test_mock_deployment_still_answers_through_litellm() -> None:
     upstream = LiteLLMUpstream(direct_transport=True)
-    answer = await upstream.complete(request({"model": "openai/demo", "mock_response": "demo says hi"},
+    answer = await upstream.call("chat", request({"model": "openai/demo", "mock_response": "demo says hi"},
                                              {"messages": USER}))
     assert answer["choices"][0]["message"]["content"] == "demo says hi"
 
 
 async def test_streams_of_several_choices_go_through_litellm(fake: FakeUpstream) -> None:
     upstream = LiteLLMUpstream(direct_transport=True)
-    [_ async for _ in upstream.stream(request(params(fake), {"messages": USER, "n": 2}))]
+    [_ async for _ in upstream.stream("chat", request(params(fake), {"messages": USER, "n": 2}))]
     assert fake.requests[-1]["headers"]["user-agent"].startswith("AsyncOpenAI")
 
 
 async def test_environment_switches_it_off(fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_DIRECT_TRANSPORT", "0")
-    await LiteLLMUpstream().complete(request(params(fake), {"messages": USER}))
+    await LiteLLMUpstream().call("chat", request(params(fake), {"messages": USER}))
     assert fake.requests[-1]["headers"]["user-agent"].startswith("AsyncOpenAI")
     monkeypatch.delenv("GATEWAY_DIRECT_TRANSPORT")
-    await LiteLLMUpstream().complete(request(params(fake), {"messages": USER}))
+    await LiteLLMUpstream().call("chat", request(params(fake), {"messages": USER}))
     assert fake.requests[-1]["headers"]["user-agent"].startswith("python-httpx")
 
 
 async def test_one_pooled_client_per_loop(fake: FakeUpstream) -> None:
     upstream = LiteLLMUpstream(direct_transport=True)
     for _ in range(5):
-        await upstream.complete(request(params(fake), {"messages": USER}))
+        await upstream.call("chat", request(params(fake), {"messages": USER}))
     assert upstream._direct is not None and len(upstream._direct._clients) == 1
     client = next(iter(upstream._direct._clients.values()))
     await upstream.aclose()
@@ -364,11 +364,11 @@ async def test_one_pooled_client_per_loop(fake: FakeUpstream) -> None:
 async def test_timeout_is_per_request(fake: FakeUpstream) -> None:
     upstream = LiteLLMUpstream(direct_transport=True)
     fake.script(delay=0.5)
-    answer = await upstream.complete(request(params(fake), {"messages": USER}, timeout=5))
+    answer = await upstream.call("chat", request(params(fake), {"messages": USER}, timeout=5))
     assert answer["choices"][0]["message"]["content"] == "ok"
     fake.script(delay=0.5)
     with pytest.raises(UpstreamTimeout) as caught:
-        await upstream.complete(request(params(fake), {"messages": USER}, timeout=0.1))
+        await upstream.call("chat", request(params(fake), {"messages": USER}, timeout=0.1))
     assert caught.value.status_code == 504
 
 
@@ -380,7 +380,7 @@ async def test_a_growing_transcript_sends_what_litellm_sends(fake: FakeUpstream)
         sent = []
         for upstream in (direct, via_litellm):
             fake.reset()
-            await upstream.complete(request(params(fake), {"messages": transcript, "tools": [WEATHER_TOOL]}))
+            await upstream.call("chat", request(params(fake), {"messages": transcript, "tools": [WEATHER_TOOL]}))
             sent.append(json.dumps(fake.requests[-1]["body"]))
         assert sent[0] == sent[1]
         call = {**TOOL_CALL, "id": f"c{turn}", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}

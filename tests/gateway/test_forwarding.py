@@ -1,5 +1,5 @@
-"""The stream relays (gateway/forwarding.py, messages_forwarding.py, responses_forwarding.py) close
-every upstream round they open: a hidden round the gateway's own tool ends early, the last round
+"""The stream relay (gateway/exchange/driver.py), in each dialect (Chat, Anthropic Messages, Responses),
+closes every upstream round it opens: a hidden round the gateway's own tool ends early, the last round
 read to its end, a round under way when the reader stops, and a first round never read at all.
 
 The upstream is scripted here: each round is an async generator that notes when it is opened and
@@ -16,9 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import pytest
 
-from gateway.forwarding import ChatRelay, Conversation
-from gateway.messages_forwarding import MessagesRelay
-from gateway.responses_forwarding import ResponsesRelay
+from gateway.exchange import DIALECTS, Exchange, Relay
 from gateway.upstream import UpstreamRequest
 from gateway.wire import NeutralRequest
 
@@ -91,12 +89,10 @@ class ScriptedUpstream:
         finally:
             self.closed.append(number)
 
-    def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, api: str, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         self.closed_before.append(list(self.closed))
         self.opened += 1
         return self._round(self.opened - 1)
-
-    stream_messages = stream_responses = stream
 
 
 @dataclass
@@ -116,20 +112,19 @@ class StubRehydrator:
         return "TOTAL DUE: 7"
 
 
-RELAYS: dict[str, tuple[Callable[..., Any], Callable[[], list[list[dict[str, Any]]]]]] = {
-    "chat": (ChatRelay, chat_rounds), "messages": (MessagesRelay, messages_rounds),
-    "responses": (ResponsesRelay, responses_rounds)}
+RELAYS: dict[str, Callable[[], list[list[dict[str, Any]]]]] = {
+    "chat": chat_rounds, "messages": messages_rounds, "responses": responses_rounds}
 
 
 def relay_for(kind: str) -> tuple[Any, ScriptedUpstream]:
-    relay_type, rounds = RELAYS[kind]
-    upstream = ScriptedUpstream(rounds())
+    upstream = ScriptedUpstream(RELAYS[kind]())
     request = UpstreamRequest(alias="m", litellm_params={"model": "openai/m"}, request_id="req_1",
                               body={"messages": [{"role": "user", "content": "the total?"}], "input": []},
                               timeout_seconds=10)
-    conversation = Conversation(request=request, rehydrator=StubRehydrator())  # type: ignore[arg-type]
     neutral = NeutralRequest(model="m", messages=[], stream=True)
-    return relay_type(upstream, conversation, neutral), upstream
+    exchange = Exchange(dialect=DIALECTS[kind], request=request, rehydrator=StubRehydrator(),  # type: ignore[arg-type]
+                        client=neutral)
+    return Relay(upstream, exchange), upstream  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind", list(RELAYS))

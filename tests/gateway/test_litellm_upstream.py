@@ -155,7 +155,7 @@ async def test_complete_sends_the_openai_request(upstream: LiteLLMUpstream, mock
         "vendor_knob": {"level": 3, "nested": [1, None, {"x": None}]},  # unknown to OpenAI and LiteLLM
         "user": "end-user-7",  # LiteLLM lists it as unsupported for non-catalog models
     }
-    await upstream.complete(make_request(body, extra_headers={"x-gateway-request": "req-test-1"}))
+    await upstream.call("chat", make_request(body, extra_headers={"x-gateway-request": "req-test-1"}))
 
     assert route.call_count == 1
     request = route.calls.last.request
@@ -180,7 +180,7 @@ async def test_complete_merges_config_extra_body_with_client_fields(
     upstream: LiteLLMUpstream, mock: respx.MockRouter
 ) -> None:
     route = mock.post(URL).respond(200, json=OK_BODY)
-    await upstream.complete(make_request({"vendor_knob": "client"},
+    await upstream.call("chat", make_request({"vendor_knob": "client"},
                                          params={"extra_body": {"config_knob": True, "vendor_knob": "config"}}))
     sent = sent_json(route)
     assert sent["config_knob"] is True
@@ -196,7 +196,7 @@ async def test_complete_returns_a_plain_dict_without_nulls(upstream: LiteLLMUpst
         {"role": "assistant", "content": None, "tool_calls": [tool_call], "refusal": None},
         finish_reason="tool_calls", usage=usage))
 
-    result = await upstream.complete(make_request({"tools": [WEATHER_TOOL]}))
+    result = await upstream.call("chat", make_request({"tools": [WEATHER_TOOL]}))
 
     assert type(result) is dict
     json.dumps(result)  # plain JSON data, no pydantic objects left
@@ -231,7 +231,7 @@ async def test_complete_keeps_null_finish_reason_and_text_content(
     upstream: LiteLLMUpstream, mock: respx.MockRouter
 ) -> None:
     mock.post(URL).respond(200, json=completion_body({"role": "assistant", "content": "Sunny."}, finish_reason=None))
-    result = await upstream.complete(make_request())
+    result = await upstream.call("chat", make_request())
     choice = result["choices"][0]
     assert choice["message"]["content"] == "Sunny."
     assert "tool_calls" not in choice["message"]
@@ -242,7 +242,7 @@ async def test_complete_keeps_null_finish_reason_and_text_content(
 
 async def test_pricing_keys_are_not_sent_to_the_provider(upstream: LiteLLMUpstream, mock: respx.MockRouter) -> None:
     route = mock.post(URL).respond(200, json=OK_BODY)
-    await upstream.complete(make_request({"vendor_knob": 1}, params=PRICING))
+    await upstream.call("chat", make_request({"vendor_knob": 1}, params=PRICING))
     request = route.calls.last.request
     sent = sent_json(route)
     for key in PRICING:
@@ -255,7 +255,7 @@ async def test_pricing_keys_are_not_sent_to_the_provider(upstream: LiteLLMUpstre
 
 async def test_pricing_keys_are_not_sent_when_streaming(upstream: LiteLLMUpstream, mock: respx.MockRouter) -> None:
     route = mock.post(URL).respond(200, text=sse(SHORT_STREAM), headers=SSE_HEADERS)
-    await collect(upstream.stream(make_request(params=PRICING)))
+    await collect(upstream.stream("chat", make_request(params=PRICING)))
     raw = route.calls.last.request.content.decode()
     for key in PRICING:
         assert key not in raw
@@ -267,7 +267,7 @@ async def test_pricing_keys_are_not_sent_when_streaming(upstream: LiteLLMUpstrea
 async def test_stream_yields_plain_dicts_in_order(upstream: LiteLLMUpstream, mock: respx.MockRouter) -> None:
     route = mock.post(URL).respond(200, text=sse(STREAM_EVENTS), headers=SSE_HEADERS)
 
-    chunks = await collect(upstream.stream(make_request({"tools": [WEATHER_TOOL]})))
+    chunks = await collect(upstream.stream("chat", make_request({"tools": [WEATHER_TOOL]})))
 
     assert route.call_count == 1
     assert all(type(c) is dict for c in chunks)
@@ -321,7 +321,7 @@ async def test_stream_always_asks_for_usage(
     route = mock.post(URL).respond(200, text=sse(SHORT_STREAM),
                                    headers=SSE_HEADERS)
     body = {} if client_stream_options is None else {"stream_options": client_stream_options}
-    chunks = await collect(upstream.stream(make_request(body)))
+    chunks = await collect(upstream.stream("chat", make_request(body)))
     sent = sent_json(route)
     assert sent["stream"] is True
     assert sent["stream_options"] == {"include_usage": True}
@@ -334,7 +334,7 @@ async def test_stream_cut_before_finish_yields_then_raises(upstream: LiteLLMUpst
     route = mock.post(URL).respond(200, text=text, headers=SSE_HEADERS)
     got: list[dict[str, Any]] = []
     with pytest.raises(UpstreamError) as caught:
-        async for item in upstream.stream(make_request()):
+        async for item in upstream.stream("chat", make_request()):
             got.append(item)
     assert [c["choices"][0]["delta"]["content"] for c in got] == ["par", "tial"]  # delivered before the error
     # LiteLLM 1.110.2 raises MidStreamFallbackError (a ServiceUnavailableError carrying status 500).
@@ -345,7 +345,7 @@ async def test_stream_cut_before_finish_yields_then_raises(upstream: LiteLLMUpst
 
 async def test_stream_sends_the_same_fields_as_complete(upstream: LiteLLMUpstream, mock: respx.MockRouter) -> None:
     route = mock.post(URL).respond(200, text=sse(SHORT_STREAM), headers=SSE_HEADERS)
-    await collect(upstream.stream(make_request({"tools": [WEATHER_TOOL], "temperature": 0.5,
+    await collect(upstream.stream("chat", make_request({"tools": [WEATHER_TOOL], "temperature": 0.5,
                                                 "vendor_knob": "v", "user": "u-1"})))
     request = route.calls.last.request
     assert request.headers["authorization"] == f"Bearer {API_KEY}"
@@ -363,9 +363,9 @@ async def test_stream_sends_the_same_fields_as_complete(upstream: LiteLLMUpstrea
 async def _call(upstream: LiteLLMUpstream, streaming: bool, request: UpstreamRequest | None = None) -> None:
     request = request or make_request()
     if streaming:
-        await collect(upstream.stream(request))
+        await collect(upstream.stream("chat", request))
     else:
-        await upstream.complete(request)
+        await upstream.call("chat", request)
 
 
 streaming_modes = pytest.mark.parametrize("streaming", [False, True], ids=["complete", "stream"])
@@ -512,9 +512,9 @@ async def test_a_client_field_that_is_a_litellm_option_is_refused(
     """Retries, upstream headers, endpoints, providers, mocks are the deployment's: a 400 naming the field,
     and nothing is sent (gateway/litellm_params.py)."""
     route = mock.post(URL).respond(200, json=OK_BODY)
-    for call in (upstream.complete, upstream.embeddings, upstream.text_completion):
+    for api in ("chat", "embeddings", "completions"):
         with pytest.raises(InvalidRequest) as caught:
-            await call(make_request({field: value}))
+            await upstream.call(api, make_request({field: value}))
         assert caught.value.status_code == 400 and caught.value.param == field and field in caught.value.message
     assert route.call_count == 0
 
@@ -523,7 +523,7 @@ async def test_a_client_field_litellm_does_not_name_goes_in_the_body(
     upstream: LiteLLMUpstream, mock: respx.MockRouter
 ) -> None:
     route = mock.post(URL).respond(200, json=OK_BODY)
-    await upstream.complete(make_request({"vendor_knob": {"x": 1}}))
+    await upstream.call("chat", make_request({"vendor_knob": {"x": 1}}))
     assert route.calls.last.request.headers["authorization"] == f"Bearer {API_KEY}"
     assert sent_json(route)["vendor_knob"] == {"x": 1}
 

@@ -34,10 +34,10 @@ class FaultyUpstream:
     async def warm_up(self) -> None:
         return None
 
-    async def complete(self, request: UpstreamRequest) -> dict[str, Any]:
+    async def call(self, api: str, request: UpstreamRequest) -> dict[str, Any]:
         raise RuntimeError("boom in complete")
 
-    async def stream(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, api: str, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         yield {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "fake",
                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "partial"}, "finish_reason": None}]}
         raise KeyError("boom in stream")

@@ -1,4 +1,4 @@
-"""Streamed answers: rebuilding the final message from chat.completion.chunk objects."""
+"""Streamed Chat answers: rebuilding the final message from chat.completion.chunk objects."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

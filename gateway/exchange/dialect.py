@@ -1,0 +1,99 @@
+"""What a wire format brings to the exchange: its dialect (gateway/exchange/driver.py runs the rounds).
+
+A dialect reads the format's answers (JSON, and each stream round once read
+whole, in the same shape) and says which calls in it are the gateway's own,
+how a hidden round and its answers are appended to the upstream request, how
+usage adds up, and what the client gets in the end. For streams it keeps the
+client's side of the stream across rounds (`StreamView`): which events pass at
+once, which are held until the round ends (tool calls, since a round that calls
+the gateway's tool is dropped whole), how the rounds' parts are renumbered as
+one answer, and the frames that end the stream.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+
+from gateway.errors import GatewayError
+from gateway.upstream import Api
+
+if TYPE_CHECKING:
+    from gateway.exchange.driver import Exchange
+
+Answer = dict[str, Any]  # one upstream answer in the dialect's format (a stream round's, rebuilt), usage included
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished answer: the body the client gets, and what the run records of it."""
+
+    body: dict[str, Any]  # in the client's format
+    usage: dict[str, Any] | None  # Chat-shaped: prompt/completion/total tokens, cached and cache-write tokens
+    finish_reason: str | None
+
+
+class GatewayTool(Protocol):
+    """The gateway's own tool, as a dialect looks for it (gateway/rehydration.py's `Rehydrator`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def is_call(self, call: Mapping[str, Any]) -> bool: ...
+
+
+class StreamRound(Protocol):
+    """One upstream round of a stream, as the client's stream sees it."""
+
+    ended: bool  # its terminal event was read: nothing after it is
+    answered: bool  # the upstream answered in full, so a hidden round may follow (set once finished)
+
+    def read(self, event: dict[str, Any]) -> Iterable[bytes]:
+        """The frames that go to the client now; what is held waits for the round's end."""
+
+    def finish(self) -> Answer:
+        """The round as one answer, the parts shown so far counted as the client's; raises
+        UpstreamInvalidResponse when the stream stopped before its terminal event."""
+
+
+class StreamView(Protocol):
+    """The client's side of one relayed stream, across its rounds."""
+
+    def round(self, first: bool) -> StreamRound: ...
+
+    def end(self, last: StreamRound, calls: list[dict[str, Any]], usage: dict[str, Any] | None) -> Iterable[bytes]:
+        """The frames after the last round: its held parts but the gateway's `calls`, then the closing
+        ones with the summed `usage` (all but the terminal frame)."""
+
+    @property
+    def completion(self) -> Completion: ...
+
+    def terminal(self) -> bytes: ...
+
+    def error(self, error: GatewayError) -> bytes:
+        """The frame that ends a failed stream, in the stream's own terms."""
+
+
+class Dialect(Protocol):
+    """One upstream API's answers, as the exchange reads and rewrites them."""
+
+    api: Api  # the upstream API it reads: "chat", "messages", "responses"
+    field: str  # the request field hidden rounds are appended to
+
+    def add_usage(self, total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Usage summed over rounds (each answer's is its `usage` field), in the dialect's shape."""
+
+    def gateway_calls(self, answer: Answer, tool: GatewayTool | None) -> list[dict[str, Any]]:
+        """The answer's calls to the gateway's tool (none without one)."""
+
+    def as_tool_call(self, call: dict[str, Any]) -> Mapping[str, Any]:
+        """A gateway call as the rehydrator reads it (a Chat tool call or an Anthropic tool_use block)."""
+        return call
+
+    def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:
+        """What a hidden round appends to the request: the answer (its gateway calls only) and theirs."""
+
+    def completion(self, answer: Answer, calls: list[dict[str, Any]], usage: dict[str, Any] | None,
+                   exchange: "Exchange") -> Completion:
+        """The client's answer: the last one, without the gateway's `calls`, with the summed usage."""
+
+    def stream(self, exchange: "Exchange") -> StreamView: ...
