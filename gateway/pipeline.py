@@ -162,7 +162,7 @@ def _exchange(services: Services, run: RunStart, request: Request, neutral: Neut
         rehydrator = Rehydrator(policy=policy, records=records, store=services.store, tenant=run.tenant,
                                 participant=run.participant, provider=model.provider_name,
                                 rehydrations=assembly.rehydrations)
-    if midway is not None and isinstance(wire, AnthropicMessages) and projection.aligned:
+    if midway is not None and projection.aligned:
         first = projection.first_reference
         body = wire.upstream_body(neutral, projection.messages, stable,
                                   addition=(midway, first) if first is not None else None)
@@ -205,7 +205,7 @@ def _midway_tool(wire: WireFormat, policy: Policy, model: ModelSettings, neutral
     """The rehydration tool when an Anthropic Messages request adds it where the first memory appears
     (gateway/tool_additions.py) rather than declaring it in `tools`: to a native Anthropic deployment,
     when the policy allows."""
-    if not (isinstance(wire, AnthropicMessages) and _offers_rehydration(policy, neutral)
+    if not (wire.adds_tools_midway and _offers_rehydration(policy, neutral)
             and policy.rehydration.mid_conversation and model.provider_name == "anthropic"):
         return None
     return wire.rehydration_tool(policy.rehydration.tool_name, DESCRIPTION, PARAMETERS)
@@ -374,7 +374,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     async with recorder:
         # One trip to a worker thread: placing the messages, capturing them, assembling the projection.
         midway = _midway_tool(wire, policy, model, neutral)
-        foresee = isinstance(wire, AnthropicMessages) and policy.cache_markers
+        foresee = wire.marks_cache and policy.cache_markers
         ingest, projection, records, record = await off_loop(
             _capture_and_project, services, recorder, policy, model, tenant.id, neutral, midway, foresee)
         recorder.accounting = Accounting(

@@ -39,14 +39,25 @@ class NeutralRequest:
 class WireFormat(Protocol):
     name: str  # recorded on the run: openai.chat, anthropic.messages, openai.responses
     upstream: str  # the upstream API its requests are forwarded in: "chat", "messages" or "responses"
+    # What differs between formats, asked of the format (never of its class):
+    # the rehydration tool can be added mid-conversation, where the first memory appears, instead of in
+    # `tools` (gateway/tool_additions.py; Anthropic's, to a native Anthropic deployment)
+    adds_tools_midway: bool
+    # the format marks cache breakpoints itself (Anthropic's cache_control), so the projection foresees
+    # where the next request's bytes stay the same
+    marks_cache: bool
 
     def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
         """The checked request; raises InvalidRequest naming the field at fault (too_many_messages when
         its transcript passes `max_messages` items, before they are checked)."""
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
-                      stable: Sequence[int] = ()) -> dict[str, Any]:
+                      stable: Sequence[int] = (), addition: tuple[dict[str, Any], int] | None = None
+                      ) -> dict[str, Any]:
         """The request to forward (every field but model and stream) with the projection as its transcript.
+
+        `addition`: (tool, neutral index) where a format that `adds_tools_midway` declares the tool; the
+        others are never given one.
 
         `stable`: neutral message indices after which the projection's bytes are stable, most needed
         first; a format with explicit cache markers (Anthropic's) places them there."""

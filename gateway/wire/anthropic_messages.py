@@ -344,6 +344,8 @@ def run_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
 class AnthropicMessages:
     name = "anthropic.messages"
     upstream = "messages"
+    adds_tools_midway = True
+    marks_cache = True
 
     def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
         return parse_messages_body(check_count(parse_json_object(raw), "messages", max_messages))

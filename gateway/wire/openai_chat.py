@@ -229,13 +229,18 @@ def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dic
 class OpenAIChat:
     name = "openai.chat"
     upstream = "chat"
+    adds_tools_midway = False
+    marks_cache = False
 
     def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
         body, unread = parse_json_object_but(raw, "messages")
         return parse_chat_body(check_count(body, "messages", max_messages), unread, raw)
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
-                      stable: Sequence[int] = ()) -> dict[str, Any]:
+                      stable: Sequence[int] = (), addition: tuple[dict[str, Any], int] | None = None
+                      ) -> dict[str, Any]:
+        if addition is not None:
+            raise ValueError(f"{self.name} declares tools in `tools` only (adds_tools_midway is False)")
         out = {k: v for k, v in request.params.items() if k != "stream_options" or request.stream}
         out["messages"] = messages
         return out

@@ -272,12 +272,17 @@ def run_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
 class OpenAIResponses:
     name = "openai.responses"
     upstream = "responses"
+    adds_tools_midway = False
+    marks_cache = False
 
     def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
         return parse_responses_body(check_count(parse_json_object(raw), "input", max_messages))
 
     def upstream_body(self, request: NeutralRequest, messages: list[dict[str, Any]],
-                      stable: Sequence[int] = ()) -> dict[str, Any]:
+                      stable: Sequence[int] = (), addition: tuple[dict[str, Any], int] | None = None
+                      ) -> dict[str, Any]:
+        if addition is not None:
+            raise ValueError(f"{self.name} declares tools in `tools` only (adds_tools_midway is False)")
         body = {k: v for k, v in request.params.items() if k != "store"}
         body["input"] = from_neutral(messages, top_instructions=bool(request.params.get("instructions")))
         body["store"] = False  # the gateway holds the transcript; the provider needs none of it
