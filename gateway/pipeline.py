@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from fastapi import Request
@@ -17,6 +16,7 @@ from fastapi.responses import Response
 
 from gateway.auth import Principal, authenticate_async
 from gateway.config import ModelSettings, TenantSettings
+from gateway.continuation import continued
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -29,13 +29,12 @@ from gateway.outcomes import Accounting, offline_deployment
 from gateway.projection import assembly_record, project, projected_tokens
 from gateway.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.request_id import request_id_of
-from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder, outcomes_written
+from gateway.run_recorder import RecordedAnswer, RecordedStream, RunRecorder
 from gateway.services import Services
 from gateway.threads import off_loop
 from gateway.upstream import Attempt, UpstreamRequest, closing
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.anthropic_messages import AnthropicMessages
-from gateway.wire.openai_responses import check_pairs, output_to_neutral, request_id_for
 from gateway.wire.json_body import check_text
 from policies.assembly_types import Projection, Records
 from policies.policy import Policy
@@ -299,42 +298,6 @@ async def _parse(wire: WireFormat, raw: bytes, max_messages: int) -> NeutralRequ
     return wire.parse(raw, max_messages)
 
 
-async def continued(services: Services, tenant: str, neutral: NeutralRequest) -> NeutralRequest:
-    """A Responses request that names `previous_response_id`, as the whole transcript it continues.
-
-    The gateway holds every transcript it forwarded, so it answers the reference itself, whatever the
-    upstream: the stored request's messages and its response's output, then the new input. As OpenAI
-    does, the earlier request's `instructions` are not carried over.
-    """
-    previous = neutral.previous_response_id or ""
-    request_id = request_id_for(previous)
-    await outcomes_written()  # the answer it names may have been sent a moment before its record
-    record = await off_loop(services.store.get_run, request_id, tenant) if request_id else None
-    response = (record.run.get("response") or {}) if record else {}
-    if record is None or not response or record.run.get("wire_format") != "openai.responses" \
-            or not response.get("store", True) \
-            or record.run.get("status") != "ok":
-        raise InvalidRequest(f"Previous response with id '{previous}' not found.", param="previous_response_id",
-                             code="previous_response_not_found")
-    earlier = await off_loop(services.store.path_messages, record.run["leaf_node_id"])
-    earlier = [{k: v for k, v in m.items() if k != "artifact_id"} for m in earlier]
-    if earlier and earlier[0].get("role") == "system" and "responses_item" not in earlier[0]:
-        earlier = earlier[1:]  # the earlier request's instructions
-    new = neutral.messages
-    instructions = new[:1] if new and new[0].get("role") == "system" and "responses_item" not in new[0] else []
-    messages = [*instructions, *earlier, *output_to_neutral(response.get("output") or []), *new[len(instructions):]]
-    check_pairs(messages)
-    return replace(neutral, messages=messages, digests=None)
-
-
-def _check_continued(neutral: NeutralRequest, limit: int) -> None:
-    """The transcript a `previous_response_id` continues, with the new input, within the message limit."""
-    if len(neutral.messages) > limit:
-        raise InvalidRequest(f"previous_response_id: the conversation it continues holds {len(neutral.messages)}"
-                             f" messages with this input; this gateway takes at most {limit} per request"
-                             " (server.max_messages)", param="previous_response_id", code="too_many_messages")
-
-
 async def tenant_principal(request: Request, services: Services) -> Principal:
     principal = await authenticate_async(services.keyring, request.headers.get("authorization"),
                                          request.headers.get("x-api-key"))
@@ -366,7 +329,6 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     await services.budgets.check(principal)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)
-        _check_continued(neutral, services.settings.server.max_messages)
     policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
     run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
