@@ -25,9 +25,7 @@ class MessagesDialect(Dialect):
 
     add_usage = staticmethod(wire.add_usage)
 
-    def gateway_calls(self, answer: Answer, tool: GatewayTool | None) -> list[dict[str, Any]]:
-        if tool is None:
-            return []
+    def gateway_calls(self, answer: Answer, tool: GatewayTool) -> list[dict[str, Any]]:
         return [b for b in answer.get("content") or [] if b.get("type") == "tool_use" and tool.is_call(b)]
 
     def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:

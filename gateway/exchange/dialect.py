@@ -82,8 +82,8 @@ class Dialect(Protocol):
     def add_usage(self, total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
         """Usage summed over rounds (each answer's is its `usage` field), in the dialect's shape."""
 
-    def gateway_calls(self, answer: Answer, tool: GatewayTool | None) -> list[dict[str, Any]]:
-        """The answer's calls to the gateway's tool (none without one)."""
+    def gateway_calls(self, answer: Answer, tool: GatewayTool) -> list[dict[str, Any]]:
+        """The answer's calls to the gateway's tool."""
 
     def as_tool_call(self, call: dict[str, Any]) -> Mapping[str, Any]:
         """A gateway call as the rehydrator reads it (a Chat tool call or an Anthropic tool_use block)."""

@@ -35,6 +35,10 @@ class Exchange:
     tracing: Tracing = OFF
     rounds: int = 0
 
+    def gateway_calls(self, answer: Answer) -> list[dict[str, Any]]:
+        """The answer's calls to the gateway's tool (none when the tool was not offered)."""
+        return [] if self.rehydrator is None else self.dialect.gateway_calls(answer, self.rehydrator)
+
     def more_rounds_allowed(self) -> bool:
         return self.rehydrator is not None and self.rounds < self.rehydrator.policy.rehydration.max_rounds
 
@@ -71,7 +75,7 @@ async def complete(upstream: UpstreamClient, exchange: Exchange) -> Completion:
     while True:
         answer = await upstream.call(dialect.api, exchange.request)
         usage = dialect.add_usage(usage, answer.get("usage"))
-        calls = dialect.gateway_calls(answer, exchange.rehydrator)
+        calls = exchange.gateway_calls(answer)
         if calls and exchange.more_rounds_allowed():
             await exchange.hide_round(answer, calls)
             continue
@@ -135,7 +139,7 @@ class Relay:
                         break
             answer = current.finish()
             usage = dialect.add_usage(usage, answer.get("usage"))
-            calls = dialect.gateway_calls(answer, exchange.rehydrator)
+            calls = exchange.gateway_calls(answer)
             if calls and current.answered and exchange.more_rounds_allowed():
                 await exchange.hide_round(answer, calls)
                 events = self.upstream.stream(dialect.api, exchange.request)

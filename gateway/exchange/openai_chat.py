@@ -25,14 +25,12 @@ class ChatDialect(Dialect):
 
     add_usage = staticmethod(wire.add_usage)
 
-    def gateway_calls(self, answer: Answer, tool: GatewayTool | None) -> list[dict[str, Any]]:
-        if tool is None:
-            return []
-        message = ((answer.get("choices") or [{}])[0]).get("message") or {}
+    def gateway_calls(self, answer: Answer, tool: GatewayTool) -> list[dict[str, Any]]:
+        message = _message(answer)
         return [c for c in message.get("tool_calls") or [] if tool.is_call(c)]
 
     def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:
-        message = ((answer.get("choices") or [{}])[0]).get("message") or {}
+        message = _message(answer)
         assistant = {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
         return [assistant, *({"role": "tool", "tool_call_id": c["id"], "content": a} for c, a in zip(calls, answers))]
 
@@ -50,6 +48,11 @@ class ChatDialect(Dialect):
 def _completion(response: Answer) -> Completion:
     choices = response.get("choices") or [{}]
     return Completion(body=response, usage=response.get("usage"), finish_reason=choices[0].get("finish_reason"))
+
+
+def _message(answer: Answer) -> dict[str, Any]:
+    """The first choice's message."""
+    return ((answer.get("choices") or [{}])[0]).get("message") or {}
 
 
 def _without_gateway_calls(response: Answer, tool: GatewayTool) -> Answer:

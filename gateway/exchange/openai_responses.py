@@ -29,9 +29,7 @@ class ResponsesDialect(Dialect):
 
     add_usage = staticmethod(wire.add_usage)
 
-    def gateway_calls(self, answer: Answer, tool: GatewayTool | None) -> list[dict[str, Any]]:
-        if tool is None:
-            return []
+    def gateway_calls(self, answer: Answer, tool: GatewayTool) -> list[dict[str, Any]]:
         return [i for i in answer.get("output") or [] if i.get("type") == "function_call" and i.get("name") == tool.name]
 
     def as_tool_call(self, call: dict[str, Any]) -> Mapping[str, Any]:
