@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.encodings import use_bundled_encodings  # noqa: E402
+from gateway.upstream.encodings import use_bundled_encodings  # noqa: E402
 from policies.assembler import assemble  # noqa: E402
 from policies.path_records import path_tokens, records_for_path  # noqa: E402
 from policies.presets import preset  # noqa: E402

@@ -3,7 +3,7 @@
 Replays a synthetic coding-agent transcript (bench/bench_transcripts.py's `synthetic_session`) as
 bench/proxy_compare.py sends it: requests alternate between the transcript as it is and the
 transcript plus one tool round never seen before. Each request goes through the gateway's own code,
-on one thread: the wire format's parse, `gateway.pipeline._capture_and_project` (path, capture,
+on one thread: the wire format's parse, `gateway.pipeline.request_path._capture_and_project` (path, capture,
 projection, assembly record), the base of the assembly record (`RecentAssemblies.based`),
 `finish_run` and `RecentAssemblies.remember`, as the run recorder does after the answer. Prints the
 median milliseconds per request of the capture's write (`_write_capture`), its read
@@ -34,18 +34,19 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from gateway.encodings import use_bundled_encodings  # noqa: E402
+from gateway.upstream.encodings import use_bundled_encodings  # noqa: E402
 
 use_bundled_encodings()  # tiktoken's files from LiteLLM's folder, offline
 
-from gateway.assembly_bases import RecentAssemblies  # noqa: E402
+from bench_transcripts import TOOLS, Transcript, synthetic_session  # noqa: E402
+
 from gateway.config import ModelSettings  # noqa: E402
-from gateway.pipeline import _capture_and_project  # noqa: E402
-from gateway.run_recorder import RunRecorder  # noqa: E402
-from gateway.tracing import OFF  # noqa: E402
+from gateway.ops.tracing import OFF  # noqa: E402
+from gateway.pipeline.assembly_bases import RecentAssemblies  # noqa: E402
+from gateway.pipeline.request_path import _capture_and_project  # noqa: E402
+from gateway.pipeline.run_recorder import RunRecorder  # noqa: E402
 from gateway.wire.openai_chat import OpenAIChat  # noqa: E402
 from policies.presets import preset  # noqa: E402
-from bench_transcripts import TOOLS, Transcript, synthetic_session  # noqa: E402
 from storage.blobs import DirectoryBlobStore  # noqa: E402
 from storage.canonical import NodeIds  # noqa: E402
 from storage.database import make_engine  # noqa: E402

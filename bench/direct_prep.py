@@ -1,5 +1,5 @@
 """What the direct transport's preparation costs per request: `openai_request` (LiteLLM's message and
-param preparation, gateway/litellm_direct.py) and `OpenAIDirectCodec.completion` (reading an answer).
+param preparation, gateway/upstream/litellm_client/direct.py) and `OpenAIDirectCodec.completion` (reading an answer).
 Prints median microseconds per call; no server, no socket.
 
 .venv/bin/python bench/direct_prep.py [--sizes 100 1000] [--rounds 40] [--repeats 5]
@@ -23,13 +23,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import httpx  # noqa: E402
-
-from gateway.direct_chat import DirectCall  # noqa: E402
-from gateway.litellm_direct import OpenAIDirectCodec, direct_route, openai_request  # noqa: E402
-from gateway.litellm_messages import MessageMemo  # noqa: E402
-from gateway.litellm_upstream import LiteLLMUpstream  # noqa: E402
-from gateway.upstream import UpstreamRequest  # noqa: E402
 from bench_transcripts import TOOLS, synthetic_session  # noqa: E402
+
+from gateway.upstream.direct_chat import DirectCall  # noqa: E402
+from gateway.upstream.litellm_client.chat_preparation import MessageMemo  # noqa: E402
+from gateway.upstream.litellm_client.client import LiteLLMUpstream  # noqa: E402
+from gateway.upstream.litellm_client.direct import OpenAIDirectCodec, direct_route, openai_request  # noqa: E402
+from gateway.upstream.seam import UpstreamRequest  # noqa: E402
 
 PARAMS = {"model": "openai/fake", "api_base": "http://upstream.test/v1", "api_key": "sk-upstream"}
 ANSWER = json.dumps({

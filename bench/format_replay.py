@@ -20,7 +20,7 @@ requests (a call not answered by its result, in either format); then the
 reduction of each format over every trace together.
 
 On Anthropic the rehydration tool is added where the first memory appears
-(gateway/tool_additions.py), so a conversation's first compaction must also pay
+(gateway/pipeline/tool_additions.py), so a conversation's first compaction must also pay
 for the tool's tokens: a trace whose only candidate saves less than that (the
 minisweagent one) is not compacted there, and its reduction differs from the
 Chat path's, where the tool is declared from the first request whatever happens.
@@ -39,14 +39,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-from gateway.encodings import use_bundled_encodings  # noqa: E402
+from gateway.upstream.encodings import use_bundled_encodings  # noqa: E402
 
 use_bundled_encodings()
 
 import httpx  # noqa: E402
 
-from tests.conftest import TENANT_KEY, settings_for, start_gateway  # noqa: E402
-from tests.fake_upstream import FakeUpstream  # noqa: E402
+from testkit.gateway import TENANT_KEY, settings_for, start_gateway  # noqa: E402
+from testkit.fake_upstream import FakeUpstream  # noqa: E402
 
 TRACES = REPO / "tests" / "data" / "traces"
 MODEL = "claude-sonnet-4-5"

@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from gateway.encodings import use_bundled_encodings  # noqa: E402
-from gateway.replay import load_trace, trace_turns  # noqa: E402
+from gateway.commands.replay import load_trace, trace_turns  # noqa: E402
+from gateway.upstream.encodings import use_bundled_encodings  # noqa: E402
 from policies.transcript import message_path  # noqa: E402
 from storage.blobs import DirectoryBlobStore  # noqa: E402
 from storage.database import make_engine  # noqa: E402

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/latency.py [--requests N] [--warmup W] [--stream]
 
-Starts the scripted fake upstream (tests/fake_upstream.py) and the gateway on
+Starts the scripted fake upstream (testkit/fake_upstream.py) and the gateway on
 real sockets on 127.0.0.1, the gateway over a fresh SQLite database and blob
 dir in a temporary folder. Then sends the same request bodies, as an agent
 would, once straight to the upstream and once through the gateway, pair by
@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 # As tests/conftest.py: offline LiteLLM price map and bundled tiktoken files,
 # set before any gateway module (and LiteLLM) is imported.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-from gateway.encodings import use_bundled_encodings  # noqa: E402
+from gateway.upstream.encodings import use_bundled_encodings  # noqa: E402
 
 use_bundled_encodings()
 
@@ -52,7 +52,7 @@ import httpx  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_settings  # noqa: E402
 from policies.protocol import ends_on_answered_round  # noqa: E402
-from tests.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
+from testkit.fake_upstream import FakeUpstream, ServerThread  # noqa: E402
 
 TRACES_DIR = Path(os.environ.get("GATEWAY_TRACES_DIR", REPO / "tests" / "data" / "traces"))
 TARGET_MESSAGES = 100

@@ -16,34 +16,40 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import admin_api, dashboard, keys_api, model_routes, records_api
-from gateway.auth import KeyRing, metrics_caller
-from gateway.budgets import Budgets
-from gateway.boundaries import ErrorBoundary, RequestSanity, StartupFailures, refusal
+from gateway.access.auth import KeyRing, metrics_caller
+from gateway.access.budgets import Budgets
+from gateway.access.dashboard_sessions import SessionSigner
+from gateway.access.key_cache import DatabaseKeys
+from gateway.api import admin as admin_api
+from gateway.api import keys as keys_api
+from gateway.api import model_routes
+from gateway.api import records as records_api
 from gateway.config import Settings, load_settings, tenant_policies
-from gateway.connections import GATE_STATE, ConnectionGate, usable_connections
-from gateway.dashboard_headers import DashboardHeaders
-from gateway.deployments import RoutedUpstream
-from gateway.encodings import use_bundled_encodings
+from gateway.dashboard import pages as dashboard
+from gateway.dashboard.headers import DashboardHeaders
+from gateway.edge.boundaries import ErrorBoundary, RequestSanity, StartupFailures, refusal
+from gateway.edge.connections import GATE_STATE, ConnectionGate, usable_connections
+from gateway.edge.request_bodies import BodyBudget, RequestBodies
+from gateway.edge.request_id import RequestIdMiddleware
+from gateway.edge.server_spans import TracingMiddleware
 from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
-from gateway.housekeeping import Housekeeping
-from gateway.key_cache import DatabaseKeys
-from gateway.logs import serve_logging
-from gateway.memory import Trimmer
-from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, GatewayMetrics
-from gateway.outages import counters as shared_counters, readiness
-from gateway.reload import Reloader
-from gateway.request_bodies import BodyBudget, RequestBodies
-from gateway.request_id import RequestIdMiddleware
-from gateway.run_recorder import RunGuard, outcomes_written
+from gateway.ops.housekeeping import Housekeeping
+from gateway.ops.logs import serve_logging
+from gateway.ops.memory import Trimmer
+from gateway.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.outages import counters as shared_counters
+from gateway.ops.outages import readiness
+from gateway.ops.reload import Reloader
+from gateway.ops.startup_line import log_started
+from gateway.ops.tracing import Tracing
+from gateway.pipeline.run_recorder import RunGuard, outcomes_written
 from gateway.services import Services
-from gateway.sessions import SessionSigner
-from gateway.startup_line import log_started
 from gateway.threads import aside
-from gateway.tracing import Tracing
-from gateway.tracing_middleware import TracingMiddleware
-from gateway.upstream import UpstreamClient
-from gateway.upstream_tracing import TracedUpstream
+from gateway.upstream.deployments import RoutedUpstream
+from gateway.upstream.encodings import use_bundled_encodings
+from gateway.upstream.seam import UpstreamClient
+from gateway.upstream.tracing import TracedUpstream
 from policies.tokens import encoding
 from storage.blobs import BlobStore, DirectoryBlobStore
 from storage.database import make_engine
@@ -101,7 +107,7 @@ def build_store(settings: Settings, clock: Callable[[], float] = time.time) -> R
 
 
 def default_upstream(settings: Settings) -> UpstreamClient:
-    from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's import is slow: only when serving
+    from gateway.upstream.litellm_client.client import LiteLLMUpstream  # LiteLLM's import is slow: only when serving
 
     # None: on unless GATEWAY_DIRECT_TRANSPORT=0 in the environment; the config can only turn it off
     return LiteLLMUpstream(direct_transport=None if settings.server.direct_transport else False)
@@ -146,7 +152,7 @@ def create_app(
     use_bundled_encodings()  # before the first token is counted
     metrics = GatewayMetrics()
     tracing = Tracing(settings.telemetry, span_exporter)
-    # The connections and request bytes this process holds (gateway/connections.py, request_bodies.py).
+    # The connections and request bytes this process holds (gateway/edge/connections.py, request_bodies.py).
     gate = ConnectionGate(settings.server.max_connections, settings.server.header_timeout_seconds)
     budget = BodyBudget(settings.server.max_buffered_request_bytes)
     metrics.observe_edge(gate, budget)

@@ -10,9 +10,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gateway.commands.migrate_config import migrate, render
 from gateway.config import ConfigError, Settings, load_settings, policy_file, read_yaml
-from gateway.config_migration import migrate, render
-from gateway.encodings import use_bundled_encodings
+from gateway.upstream.encodings import use_bundled_encodings
 from policies.presets import PRESET_NAMES, preset
 
 log = logging.getLogger("gateway")
@@ -22,8 +22,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import CONFIG_ENV, create_app
-    from gateway.connections import PROTOCOL
-    from gateway.logs import logging_config, serve_logging
+    from gateway.edge.connections import PROTOCOL
+    from gateway.ops.logs import logging_config, serve_logging
 
     settings = load_settings(args.config)
     serve_logging(settings.log_level, settings.log_format, settings.access_log)  # every line from here on
@@ -34,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     if problem is not None:
         log.error("gateway: cannot start: %s", problem)
         return 1
-    where = {"http": PROTOCOL,  # header deadlines and the connection cap (gateway/connections.py)
+    where = {"http": PROTOCOL,  # header deadlines and the connection cap (gateway/edge/connections.py)
              "host": args.host or settings.server.host,
              "port": args.port if args.port is not None else settings.server.port, "log_level": settings.log_level,
              "log_config": logging_config(settings.log_level, settings.log_format, settings.access_log),
@@ -52,7 +52,7 @@ def _cannot_start(settings: Settings, *, migrate: bool) -> str | None:
     """What stops a start (the database or blob store not answering, Redis under `refuse`), in one
     line; the traceback as well at `log_level: debug`."""
     from gateway.app import build_store
-    from gateway.outages import check_at_start, failure_line
+    from gateway.ops.outages import check_at_start, failure_line
 
     store = None
     try:
@@ -68,8 +68,8 @@ def _cannot_start(settings: Settings, *, migrate: bool) -> str | None:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from gateway.config_check import budget_warnings, connection_checks
-    from gateway.litellm_upstream import LiteLLMUpstream  # LiteLLM's price map, for the budget warnings
+    from gateway.commands.check_config import budget_warnings, connection_checks
+    from gateway.upstream.litellm_client.client import LiteLLMUpstream  # LiteLLM's price map, for the budget warnings
 
     path = args.config_option or args.path
     if path is None:
@@ -116,7 +116,7 @@ def _migrate_config(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from gateway.replay import LEGEND, CachePrices, TraceError, format_table, load_trace, replay_trace, totals
+    from gateway.commands.replay import LEGEND, CachePrices, TraceError, format_table, load_trace, replay_trace, totals
 
     if args.policy in PRESET_NAMES:
         policy = preset(args.policy)
@@ -150,7 +150,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gateway.demo_session import DemoFailed, run_demo
+    from gateway.commands.demo import DemoFailed, run_demo
 
     print(f"gateway demo: a real agent session (OpenHands on ponyc-4595, 23 tool calls) through {args.url}, "
           f"model {args.model!r}")

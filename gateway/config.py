@@ -16,11 +16,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, \
-    model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from gateway.deployment_params import refusal
-from gateway.provider_names import provider_problem
+from gateway.upstream.deployment_params import refusal
+from gateway.upstream.provider_names import provider_problem
 from gateway.yaml_lines import YamlLines
 from policies.policy import Policy, PolicyError, policy_from_mapping
 from policies.presets import PRESET_NAMES, preset
@@ -70,7 +78,7 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(4000, ge=0, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
-    # Slow and heavy clients (gateway/connections.py, gateway/request_bodies.py), nginx's defaults for the
+    # Slow and heavy clients (gateway/edge/connections.py, gateway/edge/request_bodies.py), nginx's defaults for the
     # timeouts: a connection's request headers must all arrive within header_timeout_seconds (else it is
     # closed), a request's body within body_timeout_seconds of its headers (else 408); at most
     # max_connections open at once in this process (past it the longest idle one is closed, or the new
@@ -89,7 +97,7 @@ class ServerSettings(_Strict):
     # runs are marked interrupted by the others (and by the next one to start).
     heartbeat_seconds: float = Field(10.0, gt=0)
     # Chat completions to an OpenAI-compatible deployment over a pooled HTTP client, LiteLLM still
-    # deciding what is sent (gateway/direct_chat.py); false: every call through litellm.acompletion.
+    # deciding what is sent (gateway/upstream/direct_chat.py); false: every call through litellm.acompletion.
     direct_transport: bool = True
     # `/docs` and `/openapi.json` (off: they list every route to whoever asks).
     docs: bool = False
@@ -125,7 +133,7 @@ class ServerSettings(_Strict):
 
 
 class ModelSettings(_Strict):
-    """One deployment: entries that share a `name` are deployments of one model (gateway/deployments.py)."""
+    """One deployment: entries that share a `name` are deployments of one model (gateway/upstream/deployments.py)."""
 
     name: str = Field(min_length=1)
     litellm_params: dict[str, Any]
@@ -176,7 +184,7 @@ class RouterSettings(_Strict):
     """
 
     # LiteLLM's strategies: simple-shuffle (weight, else rpm/tpm as weights), least-busy, latency-based,
-    # usage-based (tokens this minute), cost-based; always the lowest `order` first (gateway/deployments.py).
+    # usage-based (tokens this minute), cost-based; always the lowest `order` first (gateway/upstream/deployments.py).
     routing_strategy: Literal["simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing",
                               "usage-based-routing-v2", "cost-based-routing"] = "simple-shuffle"
     num_retries: int = Field(2, ge=0, le=10)
@@ -367,7 +375,7 @@ class RedisSettings(_Strict):
 
 
 class TelemetrySettings(_Strict):
-    """OpenTelemetry traces (gateway/tracing.py), exported over OTLP/HTTP; off without an endpoint."""
+    """OpenTelemetry traces (gateway/ops/tracing.py), exported over OTLP/HTTP; off without an endpoint."""
 
     # The collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT takes it (http://collector:4318; spans go
     # to its /v1/traces), or a full URL ending in /v1/traces. The config is the only switch: write

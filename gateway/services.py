@@ -6,14 +6,14 @@ from typing import Annotated, Callable
 
 from fastapi import Depends, Request
 
-from gateway.assembly_bases import RecentAssemblies
-from gateway.budgets import Budgets
-from gateway.auth import KeyRing, Principal, authenticate, bearer_key
-from gateway.metrics import GatewayMetrics
-from gateway.sessions import COOKIE, SessionSigner, signed_in
+from gateway.access.auth import KeyRing, Principal, authenticate, bearer_key
+from gateway.access.budgets import Budgets
+from gateway.access.dashboard_sessions import COOKIE, SessionSigner, signed_in
 from gateway.config import Settings
-from gateway.tracing import OFF, Tracing
-from gateway.upstream import UpstreamClient
+from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.tracing import OFF, Tracing
+from gateway.pipeline.assembly_bases import RecentAssemblies
+from gateway.upstream.seam import UpstreamClient
 from policies.policy import Policy
 from storage.canonical import NodeIds
 from storage.ratelimit import RateLimiter
@@ -35,7 +35,7 @@ class Services:
     budgets: Budgets
     recent_assemblies: RecentAssemblies = field(default_factory=RecentAssemblies)
     node_ids: NodeIds = field(default_factory=NodeIds)  # node ids of messages seen before, by their exact JSON
-    tracing: Tracing = OFF  # spans of model requests (gateway/tracing.py)
+    tracing: Tracing = OFF  # spans of model requests (gateway/ops/tracing.py)
     redis: RedisLink | None = None  # behind the limiter and the budgets' counters, when configured
 
 

@@ -223,7 +223,7 @@ class EpochReplay:
                   move_saving: Callable[[int, int], int]) -> tuple[int | None, bool]:
         """The first message the next move is expected to change: where it would start if the
         conversation went on with one more round (as known now), else the first message of the window
-        that would save. Cache markers go just before it (gateway/cache_markers.py), so the move reads
+        that would save. Cache markers go just before it (gateway/pipeline/cache_markers.py), so the move reads
         what precedes it from the provider's cache. And whether that move is due at the next request:
         it pays with one more round, and that round is likely enough (`_next_round_likely`) for the
         markers to leave what the move rewrites uncached."""

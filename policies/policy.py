@@ -190,7 +190,7 @@ class Rehydration(_Strict):
     max_tokens: int = Field(16000, gt=0)
     max_rounds: int = Field(3, ge=0)
     # On Anthropic upstreams, add the tool mid-conversation where the first memory appears (a
-    # `tool_addition`, gateway/tool_additions.py) instead of declaring it in `tools` from the start.
+    # `tool_addition`, gateway/pipeline/tool_additions.py) instead of declaring it in `tools` from the start.
     mid_conversation: bool = True
 
 
@@ -233,7 +233,7 @@ class Policy(_Strict):
     description: str = ""
     enabled: bool = True  # False: forward the transcript unchanged (still captured and recorded)
     # Formats with explicit prompt-cache markers (Anthropic's cache_control): the gateway places them
-    # where its projection is byte-stable (gateway/cache_markers.py); False leaves only the client's.
+    # where its projection is byte-stable (gateway/pipeline/cache_markers.py); False leaves only the client's.
     cache_markers: bool = True
     compaction: Compaction = Compaction()
     budget: Budget = Budget()

@@ -1,7 +1,7 @@
 """Token counting with tiktoken.
 
 Pure: where tiktoken finds its encoding files is the caller's to set before the
-first count (gateway/encodings.py points it at the files LiteLLM ships, offline).
+first count (gateway/upstream/encodings.py points it at the files LiteLLM ships, offline).
 """
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any, Callable, Iterator, Mapping
 
 from policies.assembly_types import Decision
@@ -354,7 +354,7 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     its message naming the replacement's digest.
 
     A decision equal to its base's is the base's own dict: the gateway holds the notable decisions of
-    thousands of recent requests (gateway/assembly_bases.py), and between epochs a request's are its
+    thousands of recent requests (gateway/pipeline/assembly_bases.py), and between epochs a request's are its
     base's plus the new round's, so held alike they cost the memory and the collector's passes of one
     request's, not of every request's (these dicts are never changed once made)."""
     forwarded = record.forwarded

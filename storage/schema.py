@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Boolean,
     DateTime,
@@ -11,7 +12,6 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    JSON,
     LargeBinary,
     String,
     Text,
@@ -306,7 +306,7 @@ class TenantPurge(Base):
 
 
 class DashboardSession(Base):
-    """A signed-in dashboard browser. The cookie names it (gateway/sessions.py); a page is served only
+    """A signed-in dashboard browser. The cookie names it (gateway/access/dashboard_sessions.py); a page is served only
     while its row is here, so signing out, revoking the key or removing it ends it on every replica."""
 
     __tablename__ = "dashboard_sessions"

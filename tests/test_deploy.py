@@ -23,8 +23,8 @@ import yaml
 
 from gateway.config import ENV_PREFIX, ConfigError, Settings, parse_settings, tenant_policies
 from scripts.processes import TENANT_KEY, Gateway, fake_upstream, free_port, write_config
-from tests.conftest import start_gateway
-from tests.fake_upstream import FakeUpstream
+from testkit.gateway import start_gateway
+from testkit.fake_upstream import FakeUpstream
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 REPO = DEPLOY.parent

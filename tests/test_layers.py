@@ -3,8 +3,10 @@
 Read from the source (every import statement, at any depth, by `ast`), so a lazy import inside a
 function counts too:
 - `policies/` imports neither `storage` nor `gateway`; `storage/` does not import `gateway`;
-- nothing shipped (`gateway`, `policies`, `storage`) or run by CI (`scripts`) imports `tests`;
-- LiteLLM is imported only by the `gateway/litellm_*` modules;
+- nothing shipped (`gateway`, `policies`, `storage`) or run by CI (`scripts`) imports `tests` or the test
+  support package `testkit`; the benchmarks (`bench`) may import `testkit`, never `tests`;
+- LiteLLM is imported only in `gateway/upstream/litellm_client/`;
+- the layout shows the way: at most 12 modules at `gateway/`'s top, the rest in folders;
 - no code outside `gateway/wire/` asks which wire format class it holds (`isinstance(x, AnthropicMessages)`):
   what differs between formats is a capability of the format (`WireFormat.adds_tools_midway`,
   `marks_cache`...).
@@ -39,19 +41,27 @@ def _name(path: Path) -> str:
     return str(path.relative_to(REPO))
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [("policies", {"storage", "gateway", "tests"}),
-                                                    ("storage", {"gateway", "tests"}),
-                                                    ("gateway", {"tests"}),
-                                                    ("scripts", {"tests"})])
+@pytest.mark.parametrize(("package", "forbidden"), [("policies", {"storage", "gateway", "tests", "testkit"}),
+                                                    ("storage", {"gateway", "tests", "testkit"}),
+                                                    ("gateway", {"tests", "testkit"}),
+                                                    ("scripts", {"tests", "testkit"}),
+                                                    ("bench", {"tests"}),
+                                                    ("testkit", {"tests"})])
 def test_no_package_imports_upward(package: str, forbidden: set[str]) -> None:
     upward = {_name(p): sorted(_imported(p) & forbidden) for p in _modules(package)}
     assert {name: found for name, found in upward.items() if found} == {}
 
 
-def test_litellm_is_imported_by_the_litellm_modules_only() -> None:
-    importers = {_name(p) for p in [*_modules("gateway"), *_modules("policies"), *_modules("storage")]
-                 if "litellm" in _imported(p)}
-    assert importers and all(Path(name).name.startswith("litellm_") for name in importers), sorted(importers)
+def test_litellm_is_imported_in_its_folder_only() -> None:
+    folder = REPO / "gateway" / "upstream" / "litellm_client"
+    importers = [p for p in [*_modules("gateway"), *_modules("policies"), *_modules("storage")]
+                 if "litellm" in _imported(p)]
+    assert importers and [_name(p) for p in importers if folder not in p.parents] == []
+
+
+def test_the_gateway_top_holds_at_most_twelve_modules() -> None:
+    top = sorted(p.name for p in (REPO / "gateway").glob("*.py"))
+    assert len(top) <= 12, top
 
 
 def test_no_code_outside_the_wire_folder_asks_a_formats_class() -> None:

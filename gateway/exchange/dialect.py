@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 from gateway.errors import GatewayError
-from gateway.upstream import Api
+from gateway.upstream.seam import Api
 
 if TYPE_CHECKING:
     from gateway.exchange.driver import Exchange
@@ -33,7 +33,7 @@ class Completion:
 
 
 class GatewayTool(Protocol):
-    """The gateway's own tool, as a dialect looks for it (gateway/rehydration.py's `Rehydrator`)."""
+    """The gateway's own tool, as a dialect looks for it (gateway/pipeline/rehydration.py's `Rehydrator`)."""
 
     @property
     def name(self) -> str: ...

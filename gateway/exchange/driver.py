@@ -17,10 +17,10 @@ from typing import Any, AsyncIterator
 
 from gateway.errors import GatewayError
 from gateway.exchange.dialect import Answer, Completion, Dialect
-from gateway.rehydration import Rehydrator
+from gateway.ops.tracing import OFF, Tracing
+from gateway.pipeline.rehydration import Rehydrator
 from gateway.threads import off_loop
-from gateway.tracing import OFF, Tracing
-from gateway.upstream import UpstreamClient, UpstreamRequest, close_stream, closing
+from gateway.upstream.seam import UpstreamClient, UpstreamRequest, close_stream, closing
 from gateway.wire import NeutralRequest
 
 
@@ -50,7 +50,7 @@ class Exchange:
         self.request = replace(self.request, body=body)
 
     async def answer(self, calls: list[Any]) -> list[str]:
-        """The gateway's answers to one round of calls to its tool (a `gateway.rehydration` span)."""
+        """The gateway's answers to one round of calls to its tool (a `gateway.pipeline.rehydration` span)."""
         rehydrator = self.rehydrator
         assert rehydrator is not None
         rehydrator.rounds = self.rounds + 1

@@ -8,7 +8,7 @@ answer, `GET /_requests` lists the requests received (bodies and headers),
 `POST /_reset` forgets both.
 
 `gateway fake-upstream` serves it (gateway/cli.py); the test suite starts it in a
-thread (tests/fake_upstream.py).
+thread (testkit/fake_upstream.py).
 """
 from __future__ import annotations
 

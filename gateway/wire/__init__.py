@@ -6,7 +6,7 @@ blocks that have no Chat equivalent carried as they came) and renders the
 projection back into its own request shape; answers go back in its own shape
 too, with its usage (the hidden rounds of the upstream exchange are read by the
 format's dialect in gateway/exchange/). No module here touches storage;
-`gateway/pipeline.py` does the rest, the same for every format.
+`gateway/pipeline/request_path.py` does the rest, the same for every format.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class WireFormat(Protocol):
     upstream: str  # the upstream API its requests are forwarded in: "chat", "messages" or "responses"
     # What differs between formats, asked of the format (never of its class):
     # the rehydration tool can be added mid-conversation, where the first memory appears, instead of in
-    # `tools` (gateway/tool_additions.py; Anthropic's, to a native Anthropic deployment)
+    # `tools` (gateway/pipeline/tool_additions.py; Anthropic's, to a native Anthropic deployment)
     adds_tools_midway: bool
     # the format marks cache breakpoints itself (Anthropic's cache_control), so the projection foresees
     # where the next request's bytes stay the same

@@ -9,7 +9,7 @@ a user turn a user message; an assistant turn keeps its blocks as they came
 `tool_calls` too, so the assembler sees calls and answers as on every path.
 `cache_control` markers are left out of the neutral transcript (they move
 every turn, and a message's identity must not); the gateway places its own
-(gateway/cache_markers.py).
+(gateway/pipeline/cache_markers.py).
 
 Out: the projection is rendered back into Anthropic's shape: a user turn is its
 tool results first, then its other blocks; a compacted result is a tool
@@ -23,9 +23,9 @@ from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from gateway.cache_markers import place_markers
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.tool_additions import addition_message, insert_at
+from gateway.pipeline.cache_markers import place_markers
+from gateway.pipeline.tool_additions import addition_message, insert_at
 from gateway.wire import NeutralRequest
 from gateway.wire.json_body import check_count, check_text, param_path, parse_json_object
 from policies.protocol import orphan_tool_messages
@@ -364,10 +364,10 @@ class AnthropicMessages:
                       stable: Sequence[int] = (), addition: tuple[dict[str, Any], int] | None = None
                       ) -> dict[str, Any]:
         """The client's fields (its system prompt as sent) with `messages` rendered from the projection,
-        and cache markers after the neutral messages `stable` (gateway/cache_markers.py), if any.
+        and cache markers after the neutral messages `stable` (gateway/pipeline/cache_markers.py), if any.
 
         `addition`: a tool definition and the first neutral message the projection changes; the tool is
-        added there, mid-conversation (gateway/tool_additions.py)."""
+        added there, mid-conversation (gateway/pipeline/tool_additions.py)."""
         rendered, spots = from_neutral(messages, top_system=request.params.get("system") not in (None, []))
         if addition is not None:
             definition, first_changed = addition

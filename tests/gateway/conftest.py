@@ -7,14 +7,14 @@ from typing import Iterator
 import pytest
 import yaml
 
-from tests.conftest import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway, settings_for, start_gateway
-from tests.fake_upstream import FakeUpstream
+from testkit.gateway import OTHER_TENANT_KEY, TENANT_KEY, RunningGateway, settings_for, start_gateway
+from testkit.fake_upstream import FakeUpstream
 
 
 @pytest.fixture
 def rehydration_gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
-    """The gateway under the rehydration tests' policy (tests/gateway/test_rehydration.py), two tenants."""
-    from tests.gateway.test_rehydration import POLICY
+    """The gateway under the rehydration tests' policy (tests/gateway/pipeline/test_rehydration.py), two tenants."""
+    from tests.gateway.pipeline.test_rehydration import POLICY
 
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(POLICY))
     tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "policy.yaml"},

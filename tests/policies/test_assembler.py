@@ -1,15 +1,14 @@
 """The assembler as a pure function: table-style checks of every rule it keeps."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from gateway.replay import protocol_problems
+from gateway.commands.replay import protocol_problems
 from policies.assembler import assemble
-import dataclasses
-
 from policies.assembly_types import ContextBudgetExceeded, Decision
 from policies.path_records import records_for_path
 from policies.policy import Policy, policy_from_mapping

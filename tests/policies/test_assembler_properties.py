@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.replay import protocol_problems
+from gateway.commands.replay import protocol_problems
 from policies.assembler import assemble
 from policies.assembly_types import ContextBudgetExceeded
 from policies.path_records import records_for_path

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.rehydration import Rehydrator
+from gateway.pipeline.rehydration import Rehydrator
 from policies.assembler import assemble
 from policies.assembly_types import Records
 from policies.path_records import records_for_path

@@ -7,7 +7,7 @@ from typing import Iterator
 import pytest
 
 from storage.records import RecordStore
-from tests.conftest import make_store
+from testkit.gateway import make_store
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from storage.capture import ACTIVE_WINDOW, conversation_id_for
 from storage.record_types import RunStart, as_utc
 from storage.records import RecordStore
 from storage.schema import Conversation
-from tests.conftest import make_store
+from testkit.gateway import make_store
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc).timestamp()
 MESSAGES = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"},

@@ -260,7 +260,7 @@ def test_0014_names_the_conversations_it_finds(storage_url: str, tmp_path: Path)
     from alembic import command
     from alembic.config import Config as AlembicConfig
 
-    from tests.conftest import make_store
+    from testkit.gateway import make_store
 
     store = make_store(storage_url, tmp_path / "blobs")
     try:

@@ -10,7 +10,7 @@ import sqlalchemy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.assembly_bases import RecentAssemblies
+from gateway.pipeline.assembly_bases import RecentAssemblies
 from policies.assembly_types import Decision
 from storage.path_reads import _sqlite_moment
 from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord, as_utc, message_digest, stored_decisions

@@ -12,7 +12,7 @@ from storage.capture import conversation_id_for
 from storage.record_types import RunOutcome, RunStart, as_utc
 from storage.schema import ModelRun, ToolArtifact
 from storage.records import RecordStore
-from tests.conftest import make_store
+from testkit.gateway import make_store
 
 
 def _round(n: int, branch: int) -> list[dict]:

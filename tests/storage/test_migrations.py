@@ -8,7 +8,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from storage.schema import Base
-from tests.conftest import make_store
+from testkit.gateway import make_store
 
 
 def test_migrations_match_the_models(storage_url: str, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from policies.transcript import artifact_id_for, conversation_id_for, message_path
 from storage.record_types import RunOutcome, RunStart
 from storage.records import RecordStore
-from tests.conftest import make_store
+from testkit.gateway import make_store
 
 PAST_THE_BIND_LIMIT = 70_000  # psycopg refuses a statement of more than 65,535 parameters
 

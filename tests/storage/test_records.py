@@ -10,7 +10,7 @@ import pytest
 from policies.transcript import artifact_id_for, message_path
 from storage.records import RecordStore
 from storage.record_types import RunOutcome, RunStart
-from tests.conftest import make_store
+from testkit.gateway import make_store
 
 TOOL_ROUND = [
     {"role": "system", "content": "You are a coding agent."},

@@ -16,10 +16,15 @@ from gateway.app import create_app
 from storage.blobs import BlobCorrupted, BlobStoreUnavailable
 from storage.s3_blobs import S3BlobStore
 from tests.conftest import (
-    OTHER_TENANT_KEY, S3_CREDENTIALS, RunningGateway, free_port, settings_for, start_gateway,
+    OTHER_TENANT_KEY,
+    S3_CREDENTIALS,
+    RunningGateway,
+    free_port,
+    settings_for,
+    start_gateway,
 )
-from tests.fake_upstream import FakeUpstream
-from tests.gateway.test_deletion import BIG, conversation, send  # BIG: over the 1 KiB inline bound below
+from testkit.fake_upstream import FakeUpstream
+from tests.gateway.api.test_deletion import BIG, conversation, send  # BIG: over the 1 KiB inline bound below
 
 
 def objects(blobs: S3BlobStore) -> dict[str, bytes]:

@@ -5,7 +5,7 @@ Revises: 0009
 Create Date: 2026-11-30 10:30:00
 
 Several config entries may now serve one model name (deployments, with retries
-and fallbacks: gateway/deployments.py). A run records which deployment answered
+and fallbacks: gateway/upstream/deployments.py). A run records which deployment answered
 (or failed last) and, when there was more than one try, every try.
 """
 from __future__ import annotations

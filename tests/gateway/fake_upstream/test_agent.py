@@ -13,7 +13,7 @@ import pytest
 from gateway.cli import main
 from gateway.fake_upstream.agent import (DEFAULT_SCRIPT, AgentScript, ScriptError, Turn, chat_turn, messages_turn,
                                          responses_turn)
-from tests.fake_upstream import FakeUpstream
+from testkit.fake_upstream import FakeUpstream
 
 SCRIPT = AgentScript.parse({"rounds": [{"shell": "ls"},
                                        {"tool": "read_file", "arguments": {"path": "a.txt"}, "say": "Reading."}],

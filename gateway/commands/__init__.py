@@ -1,0 +1,1 @@
+"""The CLI's commands beyond serving: replay, check-config, migrate-config, demo."""

@@ -1,0 +1,1 @@
+"""Plain ASGI middleware at the edge of the server: sockets, request lines, bodies, request ids, server spans."""

@@ -1,0 +1,1 @@
+"""What keeps a serving process observable and healthy: logs, metrics, traces, outages, reload, housekeeping."""
