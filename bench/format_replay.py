@@ -13,7 +13,10 @@ reads 0.1x, writes 1.25x of an input token):
   first and places its own in the messages);
 - straight to the upstream with those same client markers (the client's own replay);
 - the Chat form of the same trace through the gateway's /v1/chat/completions;
-- the Responses form through the gateway's /v1/responses.
+- the Responses form through the gateway's /v1/responses;
+- the Gemini form (systemInstruction, contents with functionCall and functionResponse
+  parts under the trace's call ids) through the gateway's generateContent, to a
+  Gemini deployment on the fake's /v1beta routes.
 It prints per trace the forwarded-token reduction in every format, the prompt
 cost of the gateway against the client's own Anthropic replay, and invalid
 requests (a call not answered by its result, in either format); then the
@@ -50,6 +53,7 @@ from testkit.fake_upstream import FakeUpstream  # noqa: E402
 
 TRACES = REPO / "tests" / "data" / "traces"
 MODEL = "claude-sonnet-4-5"
+GEMINI_MODEL = "gemini-2.5-flash"
 MARKER = {"type": "ephemeral"}
 READ, WRITE = 0.1, 1.25
 
@@ -125,6 +129,57 @@ def to_responses(messages: list[dict[str, Any]]) -> tuple[str | None, list[dict[
     return instructions, items
 
 
+def to_gemini(messages: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A Chat transcript as Gemini's systemInstruction and contents (a turn's results in one user content)."""
+    system = None
+    contents: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        text = content if isinstance(content, str) or content is None else json.dumps(content)
+        if role == "system" and system is None and not contents:
+            system = {"parts": [{"text": text or "..."}]}
+        elif role == "assistant":
+            parts: list[dict[str, Any]] = [{"text": text}] if text else []
+            for call in message.get("tool_calls") or []:
+                names[call["id"]] = call["function"]["name"]
+                try:
+                    args = json.loads(call["function"]["arguments"] or "{}")
+                except ValueError:
+                    args = {"arguments": call["function"]["arguments"]}
+                parts.append({"functionCall": {"id": call["id"], "name": call["function"]["name"],
+                                               "args": args if isinstance(args, dict) else {"value": args}}})
+            contents.append({"role": "model", "parts": parts or [{"text": "..."}]})
+        elif role == "tool":
+            call_id = message["tool_call_id"]
+            part = {"functionResponse": {"id": call_id, "name": names.get(call_id, "tool"),
+                                         "response": {"output": text or ""}}}
+            if contents and contents[-1]["role"] == "user" and "functionResponse" in contents[-1]["parts"][0]:
+                contents[-1]["parts"].append(part)
+            else:
+                contents.append({"role": "user", "parts": [part]})
+        else:
+            contents.append({"role": "user", "parts": [{"text": text or "..."}]})
+    return system, contents
+
+
+def unpaired_gemini(body: dict[str, Any]) -> int:
+    """Gemini contents: a functionCall turn not answered call for call by the next turn, or answers elsewhere."""
+    problems = 0
+    contents = body["contents"]
+    for index, content in enumerate(contents):
+        calls = [p["functionCall"].get("id") for p in content["parts"] if "functionCall" in p]
+        answers = [p["functionResponse"].get("id") for p in content["parts"] if "functionResponse" in p]
+        before = [p["functionCall"].get("id") for p in contents[index - 1]["parts"] if "functionCall" in p] \
+            if index else []
+        if content["role"] == "model" and calls:
+            following = contents[index + 1]["parts"] if index + 1 < len(contents) else []
+            problems += calls != [p["functionResponse"].get("id") for p in following if "functionResponse" in p]
+        elif answers and answers != before:
+            problems += 1
+    return problems
+
+
 def unpaired(body: dict[str, Any]) -> int:
     """Responses input items: calls without an output after them, outputs without a call before them."""
     open_calls: set[str] = set()
@@ -179,8 +234,8 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
     tools = tools_of(trace)
     row: dict[str, Any] = {"trace": name, "turns": 0}
     gateway_cost = direct_cost = 0.0
-    sent = {"anthropic": 0, "chat": 0, "responses": 0}
-    forwarded = {"anthropic": 0, "chat": 0, "responses": 0}
+    sent = {"anthropic": 0, "chat": 0, "responses": 0, "gemini": 0}
+    forwarded = {"anthropic": 0, "chat": 0, "responses": 0, "gemini": 0}
     bad = 0
     label = {"x-gateway-session": f"bench-{name}"}
     with httpx.Client(timeout=120) as http:
@@ -224,12 +279,26 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
             sent["responses"] += int(response.headers["x-gateway-tokens-original"])
             forwarded["responses"] += int(response.headers["x-gateway-tokens-forwarded"])
             bad += unpaired(fake.requests[-1]["body"])
+        fake.reset()
+        declarations = [{"functionDeclarations": [{"name": t["name"], "description": t["description"],
+                                                   "parametersJsonSchema": t["input_schema"]} for t in tools]}]
+        for end in turns(trace["messages"]):
+            instruction, contents = to_gemini(trace["messages"][:end])
+            body = {"contents": contents, **({"tools": declarations} if tools else {}),
+                    **({"systemInstruction": instruction} if instruction else {})}
+            response = http.post(f"{gateway_url}/v1beta/models/{GEMINI_MODEL}:generateContent", json=body,
+                                 headers={"x-goog-api-key": TENANT_KEY, **label})
+            response.raise_for_status()
+            sent["gemini"] += int(response.headers["x-gateway-tokens-original"])
+            forwarded["gemini"] += int(response.headers["x-gateway-tokens-forwarded"])
+            bad += unpaired_gemini(fake.requests[-1]["body"])
     calls = sum(len(m.get("tool_calls") or []) for m in trace["messages"])
     row.update(
         tool_calls=calls,
         reduction_anthropic=round(1 - forwarded["anthropic"] / sent["anthropic"], 4),
         reduction_chat=round(1 - forwarded["chat"] / sent["chat"], 4),
         reduction_responses=round(1 - forwarded["responses"] / sent["responses"], 4),
+        reduction_gemini=round(1 - forwarded["gemini"] / sent["gemini"], 4),
         cost_vs_client=round(gateway_cost / direct_cost, 4) if direct_cost else 1.0,
         tokens_sent=sent, tokens_forwarded=forwarded,
         invalid_requests=bad,
@@ -244,7 +313,9 @@ def run(policy: str = "coding-agent") -> list[dict[str, Any]]:
         models = [{"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_base": fake.url,
                                                            "api_key": "sk-upstream"}},
                   {"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": fake.api_base,
-                                                       "api_key": "sk-upstream"}}]
+                                                       "api_key": "sk-upstream"}},
+                  {"name": "gemini-*", "litellm_params": {"model": "gemini/gemini-*", "api_base": f"{fake.url}/v1beta",
+                                                           "api_key": "sk-upstream"}}]
         tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": policy}]
         settings = settings_for(fake.api_base, f"sqlite:///{tmp / 'bench.db'}", tmp, models=models, tenants=tenants)
         gateway, server = start_gateway(settings, fake)
@@ -259,7 +330,8 @@ def run(policy: str = "coding-agent") -> list[dict[str, Any]]:
 def gap(row: dict[str, Any]) -> float:
     """The largest difference between a format's reduction and the Chat path's."""
     return max(abs(row["reduction_anthropic"] - row["reduction_chat"]),
-               abs(row["reduction_responses"] - row["reduction_chat"]))
+               abs(row["reduction_responses"] - row["reduction_chat"]),
+               abs(row["reduction_gemini"] - row["reduction_chat"]))
 
 
 def total_reduction(rows: list[dict[str, Any]], wire: str) -> float:
@@ -278,14 +350,15 @@ def main() -> None:
             print(json.dumps(row))
         return
     print(f"command: {' '.join(sys.argv)}; policy {args.policy}; cache reads {READ}x, writes {WRITE}x")
-    print(f"{'trace':<52} {'turns':>5} {'calls':>5} {'cut chat':>9} {'cut msgs':>9} {'cut resp':>9} {'max pp':>7} "
-          f"{'cost vs client':>15} {'invalid':>8}")
+    print(f"{'trace':<52} {'turns':>5} {'calls':>5} {'cut chat':>9} {'cut msgs':>9} {'cut resp':>9} {'cut gem':>9} "
+          f"{'max pp':>7} {'cost vs client':>15} {'invalid':>8}")
     for row in rows:
         print(f"{row['trace']:<52} {row['turns']:>5} {row['tool_calls']:>5} {row['reduction_chat']:>9.1%} "
-              f"{row['reduction_anthropic']:>9.1%} {row['reduction_responses']:>9.1%} {gap(row) * 100:>7.2f} "
+              f"{row['reduction_anthropic']:>9.1%} {row['reduction_responses']:>9.1%} {row['reduction_gemini']:>9.1%} "
+              f"{gap(row) * 100:>7.2f} "
               f"{row['cost_vs_client']:>15.3f} {row['invalid_requests']:>8}")
     heavy = [r["cost_vs_client"] for r in rows if r["tool_calls"] >= 20]
-    totals = {wire: total_reduction(rows, wire) for wire in ("chat", "anthropic", "responses")}
+    totals = {wire: total_reduction(rows, wire) for wire in ("chat", "anthropic", "responses", "gemini")}
     print("reduction over every trace: " + ", ".join(f"{wire} {value:.2%}" for wire, value in totals.items()))
     print(f"cost vs the client's own replay: max {max(r['cost_vs_client'] for r in rows):.3f}, median over "
           f"traces with 20+ tool calls {statistics.median(heavy):.3f}; largest reduction gap to the Chat path "

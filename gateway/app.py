@@ -21,8 +21,8 @@ from gateway.access.budgets import Budgets
 from gateway.access.dashboard_sessions import SessionSigner
 from gateway.access.key_cache import DatabaseKeys
 from gateway.api import admin as admin_api
+from gateway.api import gemini_routes, model_routes
 from gateway.api import keys as keys_api
-from gateway.api import model_routes
 from gateway.api import records as records_api
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.dashboard import pages as dashboard
@@ -245,6 +245,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(StartupFailures, settings=settings)
     app.include_router(model_routes.router)
+    app.include_router(gemini_routes.router)
     app.include_router(records_api.router)
     app.include_router(dashboard.router)
     app.include_router(admin_api.router)

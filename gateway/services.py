@@ -6,7 +6,7 @@ from typing import Annotated, Callable
 
 from fastapi import Depends, Request
 
-from gateway.access.auth import KeyRing, Principal, authenticate, bearer_key
+from gateway.access.auth import KeyRing, Principal, api_key_beside_bearer, authenticate, bearer_key
 from gateway.access.budgets import Budgets
 from gateway.access.dashboard_sessions import COOKIE, SessionSigner, signed_in
 from gateway.config import Settings
@@ -48,7 +48,7 @@ def get_principal(request: Request) -> Principal:
     (A sync dependency: FastAPI runs it in a worker thread, where a made key may be read from the database.)"""
     services: Services = request.app.state.services
     authorization = request.headers.get("authorization")
-    api_key = request.headers.get("x-api-key")
+    api_key = api_key_beside_bearer(request.headers, request.url.path, request.query_params)
     if bearer_key(authorization) is None and api_key is None and request.method == "GET":
         principal = signed_in(services.store, services.sessions, services.keyring, request.cookies.get(COOKIE),
                               services.clock())

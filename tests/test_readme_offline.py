@@ -1,8 +1,8 @@
 """The README's "Try your agent offline" runs as written: its code blocks, each a real session through the gateway.
 
 The section's fenced blocks are taken from README.md and run: the shell block that starts
-`gateway fake-upstream` and `gateway serve --config examples/offline.yaml`, Claude Code's and Codex's
-command lines (the real CLIs of tests/clients, on PATH), and the two Python scripts (the openai SDK's
+`gateway fake-upstream` and `gateway serve --config examples/offline.yaml`, Claude Code's, Codex's and
+Gemini CLI's command lines (the real CLIs of tests/clients, on PATH), and the two Python scripts (the openai SDK's
 tool loop, the Agents SDK). Only ports and paths change, the same way in every block and in the copy of
 examples/offline.yaml the gateway serves: port 4000 and 18080 become free ones (another gateway may be
 serving 4000), `.venv/bin/` the bin folder of the Python running the tests, `examples/offline.yaml` the
@@ -149,7 +149,7 @@ def assert_session(offline: Offline, wire_format: str, model_like: str, tool: st
 
 
 def test_the_section_has_the_blocks_this_test_runs() -> None:
-    assert [lang for lang, _ in blocks()] == ["sh", "sh", "sh", "python", "python", "json"]
+    assert [lang for lang, _ in blocks()] == ["sh", "sh", "sh", "sh", "python", "python", "json"]
     script = AgentScript.parse(json.loads(block("json", "rounds")), "README")  # the documented format parses
     assert [r.shell or r.tool for r in script.rounds] == ["git status --short", "read_file"]
 
@@ -168,6 +168,7 @@ class Client:
 CLIENTS_RUN = [
     Client("claude", "sh", "claude -p", "anthropic.messages", "claude-%", "Bash", cli="claude"),
     Client("codex", "sh", "codex exec", "openai.responses", "gpt-5.1-codex", "exec_command", cli="codex"),
+    Client("gemini", "sh", "gemini -p", "google.gemini", "gemini-%", "run_shell_command", cli="gemini"),
     Client("openai-sdk", "python", "from openai import OpenAI", "openai.chat", "gpt-4.1", "shell_command"),
     Client("agents-sdk", "python", "from agents import", "openai.responses", "gpt-4.1", "shell_command"),
 ]

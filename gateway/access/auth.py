@@ -6,7 +6,7 @@ import hmac
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Mapping
 
 from gateway.access.key_cache import DatabaseKeys
 from gateway.config import BudgetSettings, LimitSettings, Settings, TenantSettings, key_digest
@@ -142,11 +142,22 @@ def bearer_key(authorization: str | None) -> str | None:
     return value.strip()
 
 
+def api_key_beside_bearer(headers: Mapping[str, str], path: str, query: Mapping[str, str]) -> str | None:
+    """The key a client sends other than as a bearer token: `x-api-key` (Anthropic's clients),
+    `x-goog-api-key` or, on Google's routes only, `?key=` (Google's). The access log and spans carry the
+    path without the query, so a key there is not written down."""
+    key = headers.get("x-api-key") or headers.get("x-goog-api-key")
+    if key is None and (path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path)):
+        key = query.get("key")
+    return key
+
+
 def _presented(authorization: str | None, api_key: str | None) -> str:
     key = bearer_key(authorization) or (api_key.strip() if api_key and api_key.strip() else None)
     if key is None:
         raise AuthenticationFailed(
-            "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", code="missing_api_key"
+            "Missing API key: send 'Authorization: Bearer <key>', 'x-api-key: <key>' or (Gemini's) "
+            "'x-goog-api-key: <key>'.", code="missing_api_key"
         )
     return key
 

@@ -58,6 +58,9 @@ class StreamRound(Protocol):
 class StreamView(Protocol):
     """The client's side of one relayed stream, across its rounds."""
 
+    # the stream's content type, when not server-sent events (Gemini's JSON array): `Relay.media_type`
+    media_type: str
+
     def round(self, first: bool) -> StreamRound: ...
 
     def end(self, last: StreamRound, calls: list[dict[str, Any]], usage: dict[str, Any] | None) -> Iterable[bytes]:
@@ -76,8 +79,9 @@ class StreamView(Protocol):
 class Dialect(Protocol):
     """One upstream API's answers, as the exchange reads and rewrites them."""
 
-    api: Api  # the upstream API it reads: "chat", "messages", "responses"
+    api: Api  # the upstream API it reads: "chat", "messages", "responses", "generate_content"
     field: str  # the request field hidden rounds are appended to
+    usage_field: str = "usage"  # the answer's field that holds its usage (Gemini's: usageMetadata)
 
     def add_usage(self, total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
         """Usage summed over rounds (each answer's is its `usage` field), in the dialect's shape."""

@@ -74,7 +74,7 @@ async def complete(upstream: UpstreamClient, exchange: Exchange) -> Completion:
     usage: dict[str, Any] | None = None
     while True:
         answer = await upstream.call(dialect.api, exchange.request)
-        usage = dialect.add_usage(usage, answer.get("usage"))
+        usage = dialect.add_usage(usage, answer.get(dialect.usage_field))
         calls = exchange.gateway_calls(answer)
         if calls and exchange.more_rounds_allowed():
             await exchange.hide_round(answer, calls)
@@ -138,7 +138,7 @@ class Relay:
                     if current.ended:
                         break
             answer = current.finish()
-            usage = dialect.add_usage(usage, answer.get("usage"))
+            usage = dialect.add_usage(usage, answer.get(dialect.usage_field))
             calls = exchange.gateway_calls(answer)
             if calls and current.answered and exchange.more_rounds_allowed():
                 await exchange.hide_round(answer, calls)
@@ -148,6 +148,10 @@ class Relay:
             for frame in self.view.end(current, calls, usage):
                 yield frame
             return
+
+    @property
+    def media_type(self) -> str:
+        return getattr(self.view, "media_type", "text/event-stream")
 
     @property
     def completion(self) -> Completion:

@@ -113,6 +113,7 @@ class AgentScript:
         state.chat_responder = lambda body: self.step(chat_turn(body), "call_")
         state.responses_responder = lambda body: self.step(responses_turn(body), "call_")
         state.responder = lambda body: self.step(messages_turn(body), "toolu_")
+        state.gemini_responder = lambda body: self.step(gemini_turn(body), "call_")
 
 
 def _round(item: Any, where: str) -> Round:
@@ -180,3 +181,31 @@ def messages_turn(body: dict[str, Any]) -> Turn:
     after = _since_prompt(body.get("messages") or [],
                           lambda m: m.get("role") == "user" and not _tool_results(m))
     return Turn(offered, [_text(b.get("content")) for m in after for b in _tool_results(m)])
+
+
+def _function_responses(content: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p["functionResponse"] for p in content.get("parts") or []
+            if isinstance(p, dict) and isinstance(p.get("functionResponse"), dict)]
+
+
+_GEMINI_SHELL_FIELDS = ("Error:", "Exit Code:", "Signal:", "Background PIDs:", "Process Group PGID:")
+
+
+def _gemini_result(response: dict[str, Any]) -> str:
+    """A functionResponse's text; for Gemini CLI's shell tool, what the command printed (its result reads
+    `<untrusted_context>`, `Output: ...`, then `Exit Code:`, `Process Group PGID:` and such lines)."""
+    result = response.get("response")
+    text = _text(result.get("output", result) if isinstance(result, dict) else result)
+    if response.get("name") != "run_shell_command" or "Output: " not in text:
+        return text
+    printed = text.split("Output: ", 1)[1].splitlines()
+    end = next((i for i, line in enumerate(printed) if line.startswith(_GEMINI_SHELL_FIELDS + ("</",))), len(printed))
+    return "\n".join(printed[:end])
+
+
+def gemini_turn(body: dict[str, Any]) -> Turn:
+    offered = {d.get("name") for t in body.get("tools") or [] if isinstance(t, dict)
+               for d in t.get("functionDeclarations") or [] if isinstance(d, dict)}
+    after = _since_prompt(body.get("contents") or [],
+                          lambda c: c.get("role", "user") == "user" and not _function_responses(c))
+    return Turn(offered, [_gemini_result(r) for c in after for r in _function_responses(c)])

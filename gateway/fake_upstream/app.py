@@ -1,7 +1,8 @@
-"""The fake upstream's app: the three model APIs on one server, and its control routes.
+"""The fake upstream's app: the four model APIs on one server, and its control routes.
 
-`POST /v1/chat/completions`, `POST /v1/responses` and `POST /v1/messages` (with
-`/v1/messages/count_tokens`, `/v1/embeddings`, `/v1/completions`, `GET /v1/models`),
+`POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages` (with
+`/v1/messages/count_tokens`, `/v1/embeddings`, `/v1/completions`, `GET /v1/models`) and Gemini's
+`POST /v1beta/models/{model}:generateContent` (with `streamGenerateContent`, `countTokens`),
 streamed and not, each answering the next step of the shared state. Control:
 `POST /_script` queues one step, `POST /_default` sets the step of every unscripted
 answer, `GET /_requests` lists the requests received (bodies and headers),
@@ -19,6 +20,7 @@ from fastapi import FastAPI, Request
 
 from gateway.fake_upstream.agent import AgentScript
 from gateway.fake_upstream.chat import add_chat_routes
+from gateway.fake_upstream.gemini import add_gemini_routes
 from gateway.fake_upstream.messages import add_messages_routes
 from gateway.fake_upstream.responses import add_responses_routes
 from gateway.fake_upstream.state import FakeState, Step
@@ -59,6 +61,7 @@ def build_app(state: FakeState) -> FastAPI:
     add_chat_routes(app, state)
     add_messages_routes(app, state)
     add_responses_routes(app, state)
+    add_gemini_routes(app, state)
     return app
 
 

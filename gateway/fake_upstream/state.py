@@ -34,7 +34,8 @@ class Step:
     content_type: str = "application/json"
     blocks: list[dict[str, Any]] | None = None  # /v1/messages: the Anthropic content blocks to answer
     items: list[dict[str, Any]] | None = None  # /v1/responses: the output items to answer
-    stop_reason: str | None = None  # /v1/messages: default tool_use or end_turn
+    stop_reason: str | None = None  # /v1/messages: default tool_use or end_turn; Gemini: default STOP
+    parts: list[dict[str, Any]] | None = None  # Gemini: the parts to answer (functionCall, thoughtSignature...)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class FakeState:
     responder: Responder | None = None  # /v1/messages
     responses_responder: Responder | None = None  # /v1/responses
     chat_responder: Responder | None = None  # /v1/chat/completions
+    gemini_responder: Responder | None = None  # /v1beta/models/{model}:generateContent
     keep_requests: int | None = None  # standalone: remember only the latest N requests
     default_step: dict[str, Any] | None = None  # the step of every unscripted answer (POST /_default)
     received: int = 0  # requests since the start or the last reset (answers are numbered by it)
@@ -87,9 +89,9 @@ class FakeState:
             self.received = 0
 
 
-async def scripted_failure(step: Step, anthropic: bool = False) -> Response | None:
-    """After the step's delay: its raw bytes, or its HTTP error in the format's shape (Anthropic's or
-    OpenAI's); None when the step is an answer."""
+async def scripted_failure(step: Step, anthropic: bool = False, google: bool = False) -> Response | None:
+    """After the step's delay: its raw bytes, or its HTTP error in the format's shape (Anthropic's,
+    Google's or OpenAI's); None when the step is an answer."""
     if step.delay:
         await asyncio.sleep(step.delay)
     if step.raw is not None:
@@ -99,6 +101,8 @@ async def scripted_failure(step: Step, anthropic: bool = False) -> Response | No
     message = f"scripted error {step.status}"
     if anthropic:
         body = {"type": "error", "error": step.error or {"type": "api_error", "message": message}}
+    elif google:
+        body = {"error": step.error or {"code": step.status, "message": message, "status": "UNAVAILABLE"}}
     else:
         body = {"error": step.error or {"message": message, "type": "api_error", "param": None, "code": None}}
     return JSONResponse(body, status_code=step.status, headers=step.headers)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from gateway.access.auth import Principal, authenticate_async
+from gateway.access.auth import Principal, api_key_beside_bearer, authenticate_async
 from gateway.config import ModelSettings, TenantSettings
 from gateway.edge.request_id import request_id_of
 from gateway.errors import (
@@ -34,7 +34,6 @@ from gateway.services import Services
 from gateway.threads import off_loop
 from gateway.upstream.seam import Attempt, UpstreamRequest, closing
 from gateway.wire import NeutralRequest, WireFormat
-from gateway.wire.anthropic_messages import AnthropicMessages
 from gateway.wire.json_body import check_text
 from policies.assembly_types import Projection, Records
 from policies.policy import Policy
@@ -300,13 +299,19 @@ async def _parse(wire: WireFormat, raw: bytes, max_messages: int) -> NeutralRequ
 
 async def tenant_principal(request: Request, services: Services) -> Principal:
     principal = await authenticate_async(services.keyring, request.headers.get("authorization"),
-                                         request.headers.get("x-api-key"))
+                                         api_key_beside_bearer(request.headers, request.url.path,
+                                                               request.query_params))
     if principal.tenant is None:
         raise PermissionDenied("admin keys read records; model requests need a tenant key")
     return principal
 
 
-async def count_tokens(request: Request, services: Services, wire: AnthropicMessages) -> int:
+class CountsTokens(WireFormat, Protocol):
+    def parse_count(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        """A token-count request's body (no max_tokens needed, nothing forwarded)."""
+
+
+async def count_tokens(request: Request, services: Services, wire: CountsTokens) -> int:
     """Tokens of what would be forwarded: the projection of the request's transcript (nothing is stored)."""
     principal = await tenant_principal(request, services)
     assert principal.tenant is not None
@@ -383,4 +388,4 @@ async def _stream(services: Services, exchange: Exchange, recorder: RunRecorder,
             services.metrics.observe_error(error.code or error.error_type, "/v1/")
             yield relay.error(error)
 
-    return RecordedStream(events(), recorder, headers, close=relay.aclose)
+    return RecordedStream(events(), recorder, headers, close=relay.aclose, media_type=relay.media_type)

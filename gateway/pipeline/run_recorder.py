@@ -244,11 +244,11 @@ class RecordedStream(StreamingResponse):
     """
 
     def __init__(self, events: AsyncIterator[bytes], recorder: RunRecorder, headers: Mapping[str, str],
-                 close: Callable[[], Awaitable[None]] | None = None) -> None:
+                 close: Callable[[], Awaitable[None]] | None = None, media_type: str = "text/event-stream") -> None:
         recorder.streaming = True
         self.recorder = recorder
         self.close_upstream = close
-        super().__init__(events, media_type="text/event-stream",
+        super().__init__(events, media_type=media_type,
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

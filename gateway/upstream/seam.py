@@ -17,9 +17,9 @@ _Stream = TypeVar("_Stream")
 UPSTREAM_REQUEST_ID_HEADER = "x-client-request-id"
 
 # The API an upstream call speaks; its answer and stream events are in that API's shape: Chat Completions
-# (a chat.completion, chat.completion.chunk objects), Anthropic Messages, OpenAI Responses, embeddings (no
-# stream) and text completions.
-Api = Literal["chat", "messages", "responses", "embeddings", "completions"]
+# (a chat.completion, chat.completion.chunk objects), Anthropic Messages, OpenAI Responses, Google's
+# generateContent (GenerateContentResponse chunks), embeddings (no stream) and text completions.
+Api = Literal["chat", "messages", "responses", "generate_content", "embeddings", "completions"]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from gateway.ops.tracing import PROPAGATOR, mark_failed
 from gateway.upstream.seam import Api, UpstreamClient, UpstreamRequest, WrappedUpstream, close_stream
-from gateway.wire import anthropic_messages, openai_responses
+from gateway.wire import anthropic_messages, gemini, openai_responses
 
 _MAX_TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _RESPONSES_TERMINAL = ("response.completed", "response.failed", "response.incomplete")
@@ -138,6 +138,12 @@ def _responses_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]
     return openai_responses.run_usage(response.get("usage")), [response.get("status")], response.get("output")
 
 
+def _gemini_answer(response: Mapping[str, Any]) -> tuple[Any, list[Any], Any]:
+    candidates = [c for c in response.get("candidates") or [] if isinstance(c, dict)]
+    return (gemini.run_usage(response.get("usageMetadata")), [c.get("finishReason") for c in candidates],
+            [c.get("content") for c in candidates])
+
+
 # What each stream's events add; True at the event that ends the answer.
 def _chat_event(call: _Call, chunk: Mapping[str, Any]) -> bool:
     call.answered(chunk, chunk.get("usage"), [c.get("finish_reason") for c in chunk.get("choices") or []], None)
@@ -176,12 +182,21 @@ def _responses_event(call: _Call, event: Mapping[str, Any]) -> bool:
     return False
 
 
+def _gemini_event(call: _Call, chunk: Mapping[str, Any]) -> bool:
+    usage, reasons, _ = _gemini_answer(chunk)
+    call.answered(chunk, usage, [r for r in reasons if r], None)
+    if call.capture_content:
+        call.text += [p["text"] for p in gemini.candidate_parts(chunk) if isinstance(p.get("text"), str)]
+    return False  # the stream's own end ends it
+
+
 # Each API's span: (operation, what an answer says of itself, what a stream event adds).
 _READERS: dict[str, tuple[str, Callable[[Mapping[str, Any]], tuple[Any, list[Any], Any]] | None,
                           Callable[[_Call, Mapping[str, Any]], bool] | None]] = {
     "chat": ("chat", _chat_answer, _chat_event),
     "messages": ("chat", _messages_answer, _messages_event),
     "responses": ("chat", _responses_answer, _responses_event),
+    "generate_content": ("chat", _gemini_answer, _gemini_event),
     "embeddings": ("embeddings", None, None),
     "completions": ("text_completion", _chat_answer, _chat_event),
 }

@@ -26,6 +26,7 @@ class NeutralRequest:
     params: Mapping[str, Any] = field(default_factory=dict)  # every other field, forwarded as the client sent it
     wants_stream_usage: bool = False  # the client asked for the usage chunk at the end of a stream
     previous_response_id: str | None = None  # Responses: the stored response this request continues
+    sse: bool = True  # a stream as server-sent events (Gemini's `alt=sse`); else its JSON-array stream
     # Digests of `messages`' exact JSON (gateway/wire/seen_messages.py), where parsing worked them out
     digests: list[bytes | None] | None = None
 

@@ -9,18 +9,11 @@ boundary where upstream failures are worded for clients.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from gateway.upstream.encodings import use_bundled_encodings
-
-# Before LiteLLM is imported: no price-map download, tokenizers from its own folder, and nothing else
-# fetched on LiteLLM's own account (Anthropic's beta-header table, Hugging Face tokenizers): the only
-# hosts a request reaches are its deployment's.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
-use_bundled_encodings()
-
+# The package's __init__ has set the offline environment before this import: no price-map download,
+# tokenizers from its own folder, and nothing else fetched on LiteLLM's own account (Anthropic's
+# beta-header table, Hugging Face tokenizers): the only hosts a request reaches are its deployment's.
 import litellm  # noqa: E402
 
 from gateway.ops.logs import LITELLM_LOGGERS, hand_over  # noqa: E402

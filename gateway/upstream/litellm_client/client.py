@@ -19,7 +19,6 @@ clients get OpenAI's shape either way. GATEWAY_DIRECT_TRANSPORT=0 turns it off.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Mapping
 
@@ -28,6 +27,7 @@ from gateway.pipeline import tool_additions
 from gateway.threads import off_loop
 from gateway.upstream.direct_chat import DirectCall, DirectChat
 from gateway.upstream.errors import client_message
+from gateway.upstream.litellm_client import gemini
 from gateway.upstream.litellm_client.anthropic_fields import SseFrames, event_error, message_events, place_fields
 from gateway.upstream.litellm_client.base import PRICING_KEYS, litellm, map_error
 from gateway.upstream.litellm_client.chat_preparation import MessageMemo
@@ -39,6 +39,7 @@ from gateway.upstream.litellm_client.direct import (
     openai_request,
 )
 from gateway.upstream.litellm_client.params import NAMED, chat_by_name, split_body
+from gateway.upstream.litellm_client.prices import deployment_prices, usage_cost
 from gateway.upstream.litellm_client.streams import LiteLLMStream
 from gateway.upstream.seam import UPSTREAM_REQUEST_ID_HEADER, Api, Prices, UpstreamRequest, closing
 from storage.canonical import compact_json_bytes
@@ -145,10 +146,14 @@ class LiteLLMUpstream:
     async def call(self, api: Api, request: UpstreamRequest) -> dict[str, Any]:
         if api in ("embeddings", "completions"):
             return await self._plain(api, request)
+        if api == "generate_content":
+            return await gemini.generate(request, gemini.call_kwargs(request, self._call_kwargs))
         calls = {"chat": self._chat, "messages": self._messages, "responses": self._responses}
         return await calls[api](request)
 
     def stream(self, api: Api, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        if api == "generate_content":
+            return self._stream_generate(request)
         streams = {"chat": self._stream_chat, "messages": self._stream_messages, "responses": self._stream_responses,
                    "completions": self._stream_text_completion}  # embeddings do not stream
         return streams[api](request)
@@ -299,6 +304,11 @@ class LiteLLMUpstream:
         except Exception as exc:
             raise map_error(exc, request) from exc
 
+    async def _stream_generate(self, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
+        kwargs = gemini.call_kwargs(request, self._call_kwargs)  # a refused field: InvalidRequest, before any byte
+        async for event in gemini.stream_generate(request, kwargs):
+            yield event
+
     async def _plain(self, api: str, request: UpstreamRequest) -> dict[str, Any]:
         """An embeddings or text completion answer; OpenAI's documented fields by name, the others in
         `extra_body`."""
@@ -380,27 +390,10 @@ class LiteLLMUpstream:
             raise map_error(exc, request) from exc
 
     def prices(self, litellm_params: Mapping[str, Any]) -> Prices | None:
-        if "input_cost_per_token" in litellm_params:
-            price_in = float(litellm_params["input_cost_per_token"])
-            return Prices(
-                input=price_in,
-                output=float(litellm_params.get("output_cost_per_token", 0.0)),
-                cache_read=float(litellm_params.get("cache_read_input_token_cost", price_in)),
-                cache_write=float(litellm_params.get("cache_creation_input_token_cost", price_in)),
-            )
-        return _map_prices(str(litellm_params["model"]))
+        return deployment_prices(litellm_params)
 
     def cost_usd(self, litellm_params: Mapping[str, Any], usage: Mapping[str, Any]) -> float | None:
-        prices = self.prices(litellm_params)
-        if prices is None:
-            return None
-        details = usage.get("prompt_tokens_details") or {}
-        return prices.cost(
-            prompt=int(usage.get("prompt_tokens") or 0),
-            completion=int(usage.get("completion_tokens") or 0),
-            cached=int(details.get("cached_tokens") or 0),
-            cache_write=int(usage.get("cache_creation_input_tokens") or 0),
-        )
+        return usage_cost(litellm_params, usage)
 
 
 def check_completion(response: dict[str, Any]) -> dict[str, Any]:
@@ -427,30 +420,3 @@ def _provider_finished(stream: Any) -> bool:
 def _content_type(stream: Any) -> str:
     headers = (getattr(stream, "_hidden_params", None) or {}).get("additional_headers") or {}
     return f"content-type {headers.get('llm_provider-content-type', 'unknown')}"
-
-
-def _model_info(model: str) -> dict[str, Any] | None:
-    try:
-        return dict(litellm.get_model_info(model))
-    except Exception:  # a model LiteLLM has no price for
-        return None
-
-
-@functools.lru_cache(maxsize=256)
-def _map_prices(model: str) -> Prices | None:
-    info = _model_info(model)
-    if info is None and model.startswith("openai/"):
-        # OpenAI's completions-only models (gpt-3.5-turbo-instruct, davinci-002) are priced in LiteLLM's
-        # map under the provider its text_completion reaches them through.
-        info = _model_info("text-completion-openai/" + model.removeprefix("openai/"))
-    if info is None:
-        return None
-    price_in = info.get("input_cost_per_token")
-    if price_in is None:
-        return None
-    return Prices(
-        input=float(price_in),
-        output=float(info.get("output_cost_per_token") or 0.0),
-        cache_read=float(info.get("cache_read_input_token_cost") or price_in),
-        cache_write=float(info.get("cache_creation_input_token_cost") or price_in),
-    )

@@ -67,8 +67,13 @@ COMPLETIONS = frozenset(
         "presence_penalty", "stop", "stream_options", "suffix", "temperature", "top_p", "user",
     }
 )
+# Google's documented generateContent fields (`litellm.google_genai`; gateway/upstream/litellm_client/gemini.py
+# names three of them, sends the others in the body).
+GENERATE_CONTENT = frozenset({"contents", "tools", "toolConfig", "systemInstruction", "generationConfig",
+                              "safetySettings", "cachedContent", "labels"})
 NAMED: Mapping[str, frozenset[str]] = {"chat": CHAT | CHAT_MAPPED, "responses": RESPONSES, "messages": MESSAGES,
-                                       "embeddings": EMBEDDINGS, "completions": COMPLETIONS}
+                                       "embeddings": EMBEDDINGS, "completions": COMPLETIONS,
+                                       "generate_content": GENERATE_CONTENT}
 # Documented fields of these APIs that are no named parameter of the LiteLLM function an API calls, but
 # share a name with an argument of another: sent in the body (Responses' `background`, `conversation`,
 # `prompt`; a Chat Completions `metadata`, which `litellm.completion` takes as its own metadata).
@@ -85,7 +90,8 @@ def litellm_option_names() -> frozenset[str]:
     """Every name LiteLLM takes as an argument of the calls the gateway makes, or of a deployment."""
     functions: Iterable[Callable[..., Any]] = (
         litellm.completion, litellm.acompletion, litellm.embedding, litellm.text_completion, litellm.responses,
-        litellm.aresponses, anthropic_messages.acreate, litellm.main.completion, litellm.main.embedding)
+        litellm.aresponses, anthropic_messages.acreate, litellm.main.completion, litellm.main.embedding,
+        litellm.google_genai.agenerate_content, litellm.google_genai.agenerate_content_stream)
     names = set().union(*map(_parameters, functions))
     names |= set(LiteLLM_Params.model_fields) | set(GenericLiteLLMParams.model_fields) | set(all_litellm_params)
     return frozenset(names)

@@ -113,6 +113,7 @@ class ToyRound:
 class ToyDialect:
     api = "toy"
     field = "turns"
+    usage_field = "usage"
 
     def usage(self, answer: dict[str, Any]) -> dict[str, Any] | None:
         return answer.get("usage")

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from gateway.cli import main
-from gateway.fake_upstream.agent import (DEFAULT_SCRIPT, AgentScript, ScriptError, Turn, chat_turn, messages_turn,
-                                         responses_turn)
+from gateway.fake_upstream.agent import (DEFAULT_SCRIPT, AgentScript, ScriptError, Turn, chat_turn, gemini_turn,
+                                         messages_turn, responses_turn)
 from testkit.fake_upstream import FakeUpstream
 
 SCRIPT = AgentScript.parse({"rounds": [{"shell": "ls"},
@@ -106,6 +106,17 @@ def test_each_format_counts_the_tool_results_since_the_latest_prompt() -> None:
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2",
                                       "content": [{"type": "text", "text": "b"}]}]}]}
     assert messages_turn(messages) == Turn({"Bash", "Read"}, ["a", "b"])  # results beside text: not a prompt
+    shell_output = "<untrusted_context>\nOutput: Linux\nProcess Group PGID: 22523\n</untrusted_context>"
+    gemini = {"tools": [{"functionDeclarations": [{"name": "run_shell_command"}, {"name": "read_file"}]}],
+              "contents": [
+                  {"role": "user", "parts": [{"text": "go"}]},
+                  {"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {}}}]},
+                  {"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"output": "a"}}}]},
+                  {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": {}}}]},
+                  {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
+                                                                   "response": {"output": shell_output}}}]}]}
+    # Gemini CLI's shell results: what the command printed, not the lines the CLI wraps it in
+    assert gemini_turn(gemini) == Turn({"run_shell_command", "read_file"}, ["a", "Linux"])
 
 
 @pytest.fixture

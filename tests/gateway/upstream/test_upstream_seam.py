@@ -21,8 +21,8 @@ from gateway.upstream.seam import Api, Prices, UpstreamRequest
 from gateway.upstream.tracing import TracedUpstream
 from testkit.gateway import settings_for
 
-OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "embeddings": "embeddings",
-              "completions": "text_completion"}
+OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "generate_content": "chat",
+              "embeddings": "embeddings", "completions": "text_completion"}
 
 
 class RecordingUpstream:

@@ -51,7 +51,7 @@ def candidate_names() -> list[str]:
     """Every name LiteLLM takes as an argument of the calls the gateway makes, from LiteLLM itself."""
     kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     functions = (litellm.completion, litellm.embedding, litellm.text_completion, litellm.responses,
-                 litellm.anthropic.messages.acreate)
+                 litellm.anthropic.messages.acreate, litellm.google_genai.agenerate_content)
     names = {p.name for f in functions for p in inspect.signature(f).parameters.values() if p.kind not in kinds}
     names |= set(LiteLLM_Params.model_fields) | set(GenericLiteLLMParams.model_fields) | set(all_litellm_params)
     sources = [LITELLM_DIR / "main.py", LITELLM_DIR / "responses" / "main.py",
@@ -84,13 +84,15 @@ class Route:
 
     @property
     def label(self) -> str:
-        return f"{self.path} {self.body['model']}"
+        return f"{self.path} {self.body.get('model', '')}".strip()
 
 
 BEARER = ("authorization", f"Bearer {UPSTREAM_KEY}")
 X_API_KEY = ("x-api-key", UPSTREAM_KEY)
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 ANTHROPIC = {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+GEMINI = "gemini-2.5-flash"
+GEMINI_BODY = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
 ROUTES = [
     Route("chat", "/v1/chat/completions", {"model": "fake", **CHAT}, "/v1/chat/completions", BEARER),
     Route("chat", "/v1/chat/completions", {"model": "fake-litellm", **CHAT}, "/v1/chat/completions", BEARER),
@@ -101,6 +103,8 @@ ROUTES = [
     Route("messages", "/v1/messages", {"model": "fake", **ANTHROPIC}, "/v1/chat/completions", BEARER),
     Route("embeddings", "/v1/embeddings", {"model": "fake", "input": "hi"}, "/v1/embeddings", BEARER),
     Route("completions", "/v1/completions", {"model": "fake", "prompt": "hi"}, "/v1/completions", BEARER),
+    Route("generate_content", f"/v1beta/models/{GEMINI}:generateContent", GEMINI_BODY,
+          f"/v1beta/models/{GEMINI}:generateContent", ("x-goog-api-key", UPSTREAM_KEY)),
 ]
 
 
@@ -144,6 +148,7 @@ def gateway_config(folder: Path, upstream: str) -> Path:
             deployment("claude-*", "anthropic/claude-*", upstream),
             deployment("gpt-*", "openai/*", f"{upstream}/v1"),
             deployment("gem-*", "gemini/*", upstream),
+            deployment("gemini-*", "gemini/gemini-*", f"{upstream}/v1beta"),
             deployment("az-*", "azure/*", upstream, api_version="2024-10-21"),
         ],
         "tenants": [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "default"}],
@@ -266,8 +271,10 @@ def exercise(steered: Steered, route: Route, names: list[str], value: Any, outco
 def _param(answer: httpx.Response) -> str | None:
     """The field an OpenAI-format 400 names (as `param`, or its first part: `metadata` of `metadata.x`)."""
     try:
-        param = answer.json()["error"]["param"]
-    except (ValueError, KeyError, TypeError):
+        error = answer.json()["error"]
+        violations = [d for d in error.get("details") or [] if "fieldViolations" in d]  # Google's shape
+        param = violations[0]["fieldViolations"][0]["field"] if violations else error["param"]
+    except (ValueError, KeyError, TypeError, IndexError):
         return None
     return re.split(r"[.\[]", param, maxsplit=1)[0] if isinstance(param, str) and param else None
 
