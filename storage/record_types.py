@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from policies.assembly_types import Decision
 from policies.bounded_cache import BoundedCache
-from storage.canonical import fast_canonical_json
+from policies.canonical import fast_canonical_json
 from storage.encryption import EncryptionKeys, artifact_arguments_aad, run_error_aad, run_response_aad
 from storage.schema import ContextAssembly, ModelRun, ToolArtifact
 

@@ -41,7 +41,7 @@ from gateway.upstream.litellm_client.direct import (
 from gateway.upstream.litellm_client.params import NAMED, chat_by_name, split_body
 from gateway.upstream.litellm_client.streams import LiteLLMStream
 from gateway.upstream.seam import UPSTREAM_REQUEST_ID_HEADER, Api, Prices, UpstreamRequest, closing
-from storage.canonical import compact_json_bytes
+from policies.canonical import compact_json_bytes
 
 
 def _deployment_key(params: Mapping[str, Any]) -> str:
