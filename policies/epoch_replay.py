@@ -42,7 +42,7 @@ class Epochs:
 
 @dataclass
 class Replay:
-    """The epoch replay's state after round `t` (see `_Assembly.epochs`)."""
+    """The epoch replay's state after round `t` (see `EpochReplay.epochs`)."""
 
     t: int
     boundary: int
@@ -70,7 +70,7 @@ _START_CANDIDATES = 64  # where a move may start: the first this many messages o
 
 
 class EpochReplay:
-    """The epoch replay of `policies/assembler.py`'s `_Assembly`, which it is mixed into: it reads the
+    """The epoch replay of policies/assembly_state.py's `Assembly`, which it is mixed into: it reads the
     assembly's rounds, token counts, savings, supersessions and retries, and the compaction settings."""
 
     def _requests_before(self, t: int) -> int:
