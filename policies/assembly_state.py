@@ -16,7 +16,8 @@ from policies import decision_reuse
 from policies.assembly_types import Records
 from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
 from policies.epoch_replay import EpochReplay
-from policies.memories import compact_arguments, excerpt, kept_summary, render_memory, terms_in, terms_of, text_free
+from policies.excerpts import terms_of
+from policies.memories import compact_arguments, excerpt, kept_summary, render_memory, terms_in, text_free
 from policies.policy import Policy, ToolRule
 from policies.result_facts import loose_digest, short_values, shown_revision
 from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
