@@ -16,7 +16,8 @@ from policies.path_records import path_tokens, records_for_path
 from policies.policy import Policy
 from policies.tokens import count_text, encoding_for_model
 from policies.transcript import PathNode, canonical_json, message_path
-from storage.record_types import AssemblyRecord, IngestResult
+from storage.assembly_record import AssemblyRecord
+from storage.record_types import IngestResult
 
 
 def project(
