@@ -46,9 +46,9 @@ from gateway.pipeline.assembly_bases import RecentAssemblies  # noqa: E402
 from gateway.pipeline.request_path import _capture_and_project  # noqa: E402
 from gateway.pipeline.run_recorder import RunRecorder  # noqa: E402
 from gateway.wire.openai_chat import OpenAIChat  # noqa: E402
+from policies.canonical import NodeIds  # noqa: E402
 from policies.presets import preset  # noqa: E402
 from storage.blobs import DirectoryBlobStore  # noqa: E402
-from storage.canonical import NodeIds  # noqa: E402
 from storage.database import make_engine  # noqa: E402
 from storage.encryption import NO_ENCRYPTION, EncryptionKeys  # noqa: E402
 from storage.record_types import RunOutcome, RunStart  # noqa: E402

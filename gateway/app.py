@@ -156,24 +156,51 @@ def create_app(
     gate = ConnectionGate(settings.server.max_connections, settings.server.header_timeout_seconds)
     budget = BodyBudget(settings.server.max_buffered_request_bytes)
     metrics.observe_edge(gate, budget)
+    lifespan = _Lifespan(settings, metrics, tracing, gate, upstream, store, clock)
+    docs = settings.server.docs
+    app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
+                  redoc_url=None, openapi_url="/openapi.json" if docs else None)
+    _add_middleware(app, settings, metrics, tracing, budget)
+    _add_routes(app, settings, metrics)
+    _add_error_handlers(app, metrics)
+    return app
+
+
+class _Lifespan:
+    """What the app starts when it begins serving and stops when it ends, each in its order: the store,
+    the shared counters, this instance's registration and housekeeping, tracing, the upstream client,
+    the services, the config's reloads; then the collector's settings for serving."""
+
+    def __init__(self, settings: Settings, metrics: GatewayMetrics, tracing: Tracing, gate: ConnectionGate,
+                 upstream: UpstreamClient | None, store: RecordStore | None, clock: Callable[[], float]) -> None:
+        self.settings, self.metrics, self.tracing, self.gate = settings, metrics, tracing, gate
+        self.upstream, self.store, self.clock = upstream, store, clock
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        gate.limit = usable_connections(settings.server.max_connections)
-        owned_store = store is None
-        record_store = store or build_store(settings, clock)
+    async def __call__(self, app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        await self._start(app)
+        try:
+            yield {GATE_STATE: self.gate}  # uvicorn hands the lifespan state to each connection's protocol
+        finally:
+            await self._stop()
+
+    async def _start(self, app: FastAPI) -> None:
+        settings, clock, tracing = self.settings, self.clock, self.tracing
+        self.gate.limit = usable_connections(settings.server.max_connections)
+        self.owned_store = self.store is None
+        record_store = self.record_store = self.store or build_store(settings, clock)
         await aside(record_store.create_schema)
         await aside(record_store.blobs.check)  # a missing bucket stops the start, not a capture
-        counters = shared_counters(settings, metrics, clock)
-        probing = await counters.start(settings)  # Redis down under `refuse` stops the start
+        counters = self.counters = shared_counters(settings, self.metrics, clock)
+        self.probing = await counters.start(settings)  # Redis down under `refuse` stops the start
         await aside(record_store.register_instance)
         housekeeping = Housekeeping(record_store, settings.server, lambda: _current_settings(app), clock)
         await housekeeping.run_once()  # what a crashed predecessor left pending
         tracing.start()
-        inner = upstream or default_upstream(settings)
+        inner = self.upstream or default_upstream(settings)
         # Each try of a routed call is a span of its own (the traced client sits inside the routing).
         traced = TracedUpstream(inner, tracing.tracer, tracing.capture_content) if tracing.tracer else inner
-        client = RoutedUpstream(traced, settings, counters.limiter)
+        client = self.client = RoutedUpstream(traced, settings, counters.limiter)
         await client.warm_up()
         await aside(encoding)  # tiktoken's first load takes a few hundred ms
         app.state.services = Services(
@@ -184,18 +211,18 @@ def create_app(
             policies=tenant_policies(settings),
             clock=clock,
             sessions=SessionSigner(settings.dashboard.session_secret),
-            metrics=metrics,
+            metrics=self.metrics,
             limiter=counters.limiter,
             budgets=Budgets(counters.spend, record_store, clock),
             tracing=tracing,
             redis=counters.redis,
         )
         log_started(settings, app.state.services.policies)
-        beating = asyncio.create_task(housekeeping.run_forever())
+        self.beating = asyncio.create_task(housekeeping.run_forever())
         reloader = Reloader(app, settings.source) if Path(settings.source).is_file() else None
         app.state.reloader = reloader
-        watching = asyncio.create_task(reloader.watch(2.0)) if reloader and settings.server.watch_config else None
-        hangup = reloader is not None and _on_hangup(reloader)
+        self.watching = asyncio.create_task(reloader.watch(2.0)) if reloader and settings.server.watch_config else None
+        self.hangup = reloader is not None and _on_hangup(reloader)
         # What startup built (LiteLLM, SQLAlchemy, tiktoken: hundreds of thousands of objects) lives
         # as long as the process: out of the collector's sight, a collection that a large request
         # triggers scans what that request made instead of everything (bench/proxy_compare.py's
@@ -207,34 +234,35 @@ def create_app(
         # spent 3.9 s of 18 in the collector (gc.callbacks), 0.7 s at this threshold; the gateway's
         # CPU per request went from 106 to 93 ms. Garbage without cycles is freed at once either way.
         _COLLECTOR.serving()
-        try:
-            yield {GATE_STATE: gate}  # uvicorn hands the lifespan state to each connection's protocol
-        finally:
-            _COLLECTOR.stopped()
-            beating.cancel()
-            if watching is not None:
-                watching.cancel()
-            if hangup:
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            await aside(record_store.retire_instance)
-            if probing is not None:
-                probing.cancel()
-            await counters.close()
-            if upstream is None:
-                await client.aclose()  # the direct transport's connection pool
-            if owned_store:
-                record_store.engine.dispose()
-            await aside(tracing.shutdown)  # exports what is still queued
 
-    docs = settings.server.docs
-    app = FastAPI(title="Context gateway", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
-                  redoc_url=None, openapi_url="/openapi.json" if docs else None)
-    # Middleware, outermost first (add_middleware prepends): a start that fails is told in one line
-    # (the lifespan's only concern); request ids wrap everything; every dashboard response, refusals
-    # and errors included, gets the dashboard's security headers; the server span sees the request id
-    # and the final status; the error boundary answers what escapes a route; the run guard finishes
-    # any run left open; request lines storage cannot hold are refused before a route sees them; a
-    # body that is late or does not fit in memory is refused as the route reads it.
+    async def _stop(self) -> None:
+        _COLLECTOR.stopped()
+        self.beating.cancel()
+        if self.watching is not None:
+            self.watching.cancel()
+        if self.hangup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        await aside(self.record_store.retire_instance)
+        if self.probing is not None:
+            self.probing.cancel()
+        await self.counters.close()
+        if self.upstream is None:
+            await self.client.aclose()  # the direct transport's connection pool
+        if self.owned_store:
+            self.record_store.engine.dispose()
+        await aside(self.tracing.shutdown)  # exports what is still queued
+
+
+def _add_middleware(app: FastAPI, settings: Settings, metrics: GatewayMetrics, tracing: Tracing,
+                    budget: BodyBudget) -> None:
+    """The middleware stack, in one place.
+
+    Outermost first (add_middleware prepends): a start that fails is told in one line (the lifespan's
+    only concern); request ids wrap everything; every dashboard response, refusals and errors included,
+    gets the dashboard's security headers; the server span sees the request id and the final status;
+    the error boundary answers what escapes a route; the run guard finishes any run left open; request
+    lines storage cannot hold are refused before a route sees them; a body that is late or does not fit
+    in memory is refused as the route reads it."""
     app.add_middleware(RequestBodies, timeout_seconds=settings.server.body_timeout_seconds, budget=budget,
                        max_body_bytes=settings.server.max_body_bytes, trimmer=Trimmer())
     app.add_middleware(RequestSanity)
@@ -244,6 +272,10 @@ def create_app(
     app.add_middleware(DashboardHeaders)
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(StartupFailures, settings=settings)
+
+
+def _add_routes(app: FastAPI, settings: Settings, metrics: GatewayMetrics) -> None:
+    """The routers (model routes, records, dashboard, admin, keys) and the probes: health, readiness, metrics."""
     app.include_router(model_routes.router)
     app.include_router(gemini_routes.router)
     app.include_router(records_api.router)
@@ -269,6 +301,11 @@ def create_app(
                            request.headers.get("authorization"))
         await outcomes_written()
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+
+def _add_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
+    """Errors rendered once, in the caller's wire format (`refusal`): the gateway's own, a sealed record
+    that cannot be opened, a request FastAPI refused, and Starlette's HTTP errors (404 included)."""
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, error: GatewayError) -> JSONResponse:
@@ -298,5 +335,3 @@ def create_app(
             gateway = GatewayError(str(error.detail), status_code=error.status_code, code="http_error")
             gateway.error_type = "invalid_request_error" if error.status_code < 500 else "api_error"
         return refusal(request.url.path, gateway)
-
-    return app

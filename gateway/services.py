@@ -14,8 +14,8 @@ from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.tracing import OFF, Tracing
 from gateway.pipeline.assembly_bases import RecentAssemblies
 from gateway.upstream.seam import UpstreamClient
+from policies.canonical import NodeIds
 from policies.policy import Policy
-from storage.canonical import NodeIds
 from storage.ratelimit import RateLimiter
 from storage.records import RecordStore
 from storage.redis_link import RedisLink

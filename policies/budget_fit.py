@@ -1,18 +1,40 @@
 """Fitting a projection into the policy's prompt budget (`budget.max_prompt_tokens`), the assembler's
-last step: compact more, then drop the oldest rounds, else refuse."""
+last step: compact more, then drop the oldest rounds, else refuse.
+
+What it reads of the assembly is stated by `BudgetFacts` (policies/assembly_state.py's `Assembly` has
+them): this module does not import the assembler, which imports it."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Protocol, Sequence
 
-from policies.assembly_types import ContextBudgetExceeded, Decision
+from policies.assembly_types import ContextBudgetExceeded, Decision, Records
+from policies.policy import Policy, ToolRule
+from policies.rounds import Round
 from policies.tokens import message_tokens
 
-if TYPE_CHECKING:
-    from policies.assembler import _Assembly
+
+class BudgetFacts(Protocol):
+    """What `fit_budget` reads of an assembly: the policy, the messages with their tokens, rounds and
+    records, and per tool result its rule, whether it must stay verbatim, its compact form and memory."""
+
+    policy: Policy
+    encoding: str
+    messages: Sequence[Mapping[str, Any]]
+    tokens: list[int]
+    rounds: Sequence[Round]
+    records: Records
+
+    def rule(self, index: int) -> ToolRule: ...
+
+    def protected(self, index: int, upto: int) -> str | None: ...
+
+    def compact_form(self, index: int) -> tuple[str, int, str]: ...
+
+    def kept(self, index: int, stale: str | None = None) -> str: ...
 
 
-def fit_budget(state: _Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
+def fit_budget(state: BudgetFacts, out: list[dict[str, Any]], decisions: dict[int, Decision],
                 omissions: Counter[str], latest: set[int]) -> list[dict[str, Any]]:
     """`out` within the policy's prompt budget: old results compacted whatever the epochs, then the oldest
     prose and whole tool rounds dropped (decisions say which), else ContextBudgetExceeded."""

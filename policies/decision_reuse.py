@@ -1,17 +1,18 @@
 """The decisions of a conversation's previous request, taken again for the messages whose inputs are
-unchanged (see `unchanged`)."""
+unchanged (see `unchanged`).
+
+What it reads of the assembly is stated by `ReuseFacts` (policies/assembly_state.py's `Assembly` has
+them): this module does not import the assembler, which imports it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Protocol, Sequence
 
 from policies.assembly_types import Decision
-from policies.epoch_replay import Epochs
 from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
+from policies.epoch_replay import Epochs
+from policies.policy import Policy
 from policies.rounds import Round
-
-if TYPE_CHECKING:
-    from policies.assembler import _Assembly
 
 
 # What the decision loop of `assemble` decided for a request, by (node id of its last message, context):
@@ -39,16 +40,30 @@ class Decided:
     pinned: frozenset[int]
     # index -> (decision, content put in its place or None, omission counted or None, its tokens)
     results: dict[int, tuple[Decision, Any, str | None, int | None]]
-    # assistant index -> its call arguments compacted (`_Assembly.compacted_arguments`): a function of
+    # assistant index -> its call arguments compacted (`Assembly.compacted_arguments`): a function of
     # its message, the artifact ids its calls' arguments were given (named by its node id) and the context
     arguments: dict[int, Any]
 
 
-def unchanged(state: _Assembly, epochs: Epochs, latest: set[int], trailing: set[int]) -> tuple[Decided, set[int]] | None:
+class ReuseFacts(Protocol):
+    """What `unchanged` reads of an assembly: the previous request's decisions, the policy, the time, the
+    rounds, and which later result supersedes, retries or repeats each result."""
+
+    previous: Decided | None
+    policy: Policy
+    now: float
+    rounds: Sequence[Round]
+    round_of: Mapping[int, int]
+    superseder: dict[int, int]
+    retried_at: dict[int, int]
+    duplicate: dict[int, tuple[int, bool]]
+
+
+def unchanged(state: ReuseFacts, epochs: Epochs, latest: set[int], trailing: set[int]) -> tuple[Decided, set[int]] | None:
     """The decisions of the latest earlier request of this conversation (ending within the last few
     messages) and the messages of its length whose decision may differ now (None: none to reuse).
 
-    A tool message's decision reads, besides the context of `_Assembly.context_key` and what its node
+    A tool message's decision reads, besides the context of `Assembly.context_key` and what its node
     id names (its message and every one before it): its view (owner, observation time), `now` (only
     through staleness), whether it is among the latest rounds or the trailing results, what supersedes
     it, what retries it, its earlier duplicate, whether its round is behind the boundary and as of which

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from policies.bounded_cache import BoundedCache
 
@@ -42,7 +42,7 @@ class Epochs:
 
 @dataclass
 class Replay:
-    """The epoch replay's state after round `t` (see `_Assembly.epochs`)."""
+    """The epoch replay's state after round `t` (see `EpochReplay.epochs`)."""
 
     t: int
     boundary: int
@@ -69,8 +69,44 @@ _RESUME_LOOKBACK = 4
 _START_CANDIDATES = 64  # where a move may start: the first this many messages of the window that save
 
 
+def _spans(tokens: Sequence[int]) -> Callable[[int, int], int]:
+    """`span(first, last)`: the tokens of messages `first` to `last` (0 when `last` < `first`)."""
+    prefix = [0]
+    for count in tokens:
+        prefix.append(prefix[-1] + count)
+
+    def span(first: int, last: int) -> int:
+        return prefix[last + 1] - prefix[first] if last >= first else 0
+
+    return span
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Rounds at which later results change earlier ones' savings. A compacted result renders
+    differently later only when a retry resolves its failure (supersession is applied whatever the
+    epoch), so refreshes are considered at those rounds alone: linear in the conversation's length."""
+
+    retries: dict[int, list[int]]  # round -> failed results a result of that round retries
+    changes_at: dict[int, list[int]]  # round -> results whose saving it changes
+    superseded_at: dict[int, list[int]]  # round -> results a result of that round supersedes
+
+    @classmethod
+    def of(cls, superseder: Mapping[int, int], retried_at: Mapping[int, int], round_of: Mapping[int, int]) -> "_Links":
+        retries: dict[int, list[int]] = {}
+        for failed, retry in retried_at.items():
+            retries.setdefault(round_of[retry], []).append(failed)
+        changes_at: dict[int, list[int]] = {}
+        for earlier, later in (*superseder.items(), *retried_at.items()):
+            changes_at.setdefault(round_of.get(later, 0), []).append(earlier)
+        superseded_at: dict[int, list[int]] = {}
+        for earlier, later in superseder.items():
+            superseded_at.setdefault(round_of.get(later, 0), []).append(earlier)
+        return cls(retries, changes_at, superseded_at)
+
+
 class EpochReplay:
-    """The epoch replay of `policies/assembler.py`'s `_Assembly`, which it is mixed into: it reads the
+    """The epoch replay of policies/assembly_state.py's `Assembly`, which it is mixed into: it reads the
     assembly's rounds, token counts, savings, supersessions and retries, and the compaction settings."""
 
     def _requests_before(self, t: int) -> int:
@@ -107,92 +143,79 @@ class EpochReplay:
         Between moves every rendering is unchanged, so each request extends the
         previous one and the provider's prefix cache keeps hitting.
         """
-        keep = self.c.keep_recent_rounds
-        prefix = [0]
-        for tokens in self.tokens:
-            prefix.append(prefix[-1] + tokens)
-
-        def span(first: int, last: int) -> int:
-            return prefix[last + 1] - prefix[first] if last >= first else 0
-
-        # A compacted result renders differently later only when a retry resolves its
-        # failure (supersession is applied whatever the epoch), so refreshes are
-        # considered at those rounds alone: linear in the conversation's length.
-        retries: dict[int, list[int]] = {}
-        for failed, retry in self.retried_at.items():
-            retries.setdefault(self.round_of[retry], []).append(failed)
-        changes_at: dict[int, list[int]] = {}  # round -> results whose saving it changes
-        for earlier, later in (*self.superseder.items(), *self.retried_at.items()):
-            changes_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
-        superseded_at: dict[int, list[int]] = {}  # round -> results a result of that round supersedes
-        for earlier, later in self.superseder.items():
-            superseded_at.setdefault(self.round_of.get(later, 0), []).append(earlier)
-
-        def forced_break(t: int, eligible: int, previous_end: int) -> int:
-            """The first message that changes at round `t` whatever the boundary does (superseded now)."""
-            return min((i for i in superseded_at.get(t, ()) if self.round_of.get(i, 0) <= eligible),
-                       default=previous_end + 1)
-
-        def move_saving(i: int, t: int) -> int:
-            """What compacting result `i` saves at round `t`; a superseded one is a notice at any boundary."""
-            return 0 if self.superseded_by(i, t) else self.saving(i, t)
-
+        span = _spans(self.tokens)
+        links = _Links.of(self.superseder, self.retried_at, self.round_of)
         r = self._resumed_replay()  # the replay as an earlier request of this conversation left it
         for t in range(r.t + 1, len(self.rounds) + 1):
             # the previous request ended just before round t's assistant message: the rounds before it
             # and whatever prose and user turns followed them
             previous_end = self.rounds[t - 1].assistant - 1
-            # 1. refresh what is compacted already, if newer knowledge saves enough
-            gains = {}
-            for i in retries.get(t, ()):
-                number = self.round_of[i]
-                if number > r.boundary or self.superseded_by(i, t):
-                    continue
-                gain = self.saving(i, t) - self.saving(i, max(r.compacted_at[number], r.refreshed))
-                if gain > 0:
-                    gains[i] = gain
-            if gains:
-                first = min(gains)
-                resent = span(first, previous_end) - sum(
-                    self.saving(i, t) for i in range(first, previous_end + 1)
-                    if i in self.records.artifacts and self.round_of.get(i, 0) <= r.boundary and i not in r.pinned
-                )
-                if self._pays(sum(gains.values()), max(0, resent), t):
-                    r.refreshed = t
-            # 2. move the boundary past the rounds that left the verbatim window
-            eligible = t - keep
-            if eligible <= r.boundary:
-                continue
-            # What a move would save: the rounds between the boundary and `eligible`, their results
-            # and their long call arguments, kept current as rounds join and as later results
-            # supersede or retry them (the only facts that change a saving as t grows).
-            window = r.window
-            for rnd in self.rounds[window.upto:eligible]:
-                for i in rnd.tools:
-                    window.put(i, move_saving(i, t))
-                window.put(rnd.assistant, self.argument_saving(rnd.assistant))
-            window.upto = eligible
-            for i in changes_at.get(t, ()):
-                if i in window.values:
-                    window.put(i, move_saving(i, t))
-            tail = span(self.rounds[r.boundary].assistant, self.rounds[t - 1].end)
-            if tail < self.c.trigger_tokens:
-                continue
-            if window.first() is None:
-                continue
-            start = self._best_start(window, span, forced_break(t, eligible, previous_end), t,
-                                     self.first_move_tokens if r.boundary == 0 else 0)
-            if start is not None:
-                r.pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
-                for number in range(r.boundary + 1, eligible + 1):
-                    r.compacted_at[number] = t
-                r.boundary, r.epoch_round = eligible, t
-                r.window = Window(upto=eligible)
+            self._refresh(r, t, links.retries.get(t, ()), span, previous_end)
+            self._move(r, t, links, span, previous_end)
         r.t = len(self.rounds)
         self._remember_replay(r)
         as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()}
-        upcoming, due = self._upcoming(r.window, r.boundary, span, move_saving) if self.foresee else (None, False)
+        upcoming, due = self._upcoming(r.window, r.boundary, span, self._move_saving) if self.foresee else (None, False)
         return Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming, due)
+
+    def _move_saving(self, i: int, t: int) -> int:
+        """What compacting result `i` saves at round `t`; a superseded one is a notice at any boundary."""
+        return 0 if self.superseded_by(i, t) else self.saving(i, t)
+
+    def _refresh(self, r: Replay, t: int, retried: Iterable[int], span: Callable[[int, int], int],
+                 previous_end: int) -> None:
+        """Step 1 of round `t`: re-render what is compacted already (`r.refreshed`), if the newer
+        knowledge of the results a retry at `t` resolved (`retried`) saves enough."""
+        gains = {}
+        for i in retried:
+            number = self.round_of[i]
+            if number > r.boundary or self.superseded_by(i, t):
+                continue
+            gain = self.saving(i, t) - self.saving(i, max(r.compacted_at[number], r.refreshed))
+            if gain > 0:
+                gains[i] = gain
+        if gains:
+            first = min(gains)
+            resent = span(first, previous_end) - sum(
+                self.saving(i, t) for i in range(first, previous_end + 1)
+                if i in self.records.artifacts and self.round_of.get(i, 0) <= r.boundary and i not in r.pinned
+            )
+            if self._pays(sum(gains.values()), max(0, resent), t):
+                r.refreshed = t
+
+    def _move(self, r: Replay, t: int, links: _Links, span: Callable[[int, int], int], previous_end: int) -> None:
+        """Step 2 of round `t`: move the boundary past the rounds that left the verbatim window, when the
+        tail is past `trigger_tokens` and a start pays (`_best_start`)."""
+        eligible = t - self.c.keep_recent_rounds
+        if eligible <= r.boundary:
+            return
+        # What a move would save: the rounds between the boundary and `eligible`, their results
+        # and their long call arguments, kept current as rounds join and as later results
+        # supersede or retry them (the only facts that change a saving as t grows).
+        window = r.window
+        for rnd in self.rounds[window.upto:eligible]:
+            for i in rnd.tools:
+                window.put(i, self._move_saving(i, t))
+            window.put(rnd.assistant, self.argument_saving(rnd.assistant))
+        window.upto = eligible
+        for i in links.changes_at.get(t, ()):
+            if i in window.values:
+                window.put(i, self._move_saving(i, t))
+        tail = span(self.rounds[r.boundary].assistant, self.rounds[t - 1].end)
+        if tail < self.c.trigger_tokens:
+            return
+        if window.first() is None:
+            return
+        # the first message that changes at round t whatever the boundary does (superseded now)
+        forced = min((i for i in links.superseded_at.get(t, ()) if self.round_of.get(i, 0) <= eligible),
+                     default=previous_end + 1)
+        start = self._best_start(window, span, forced, t, self.first_move_tokens if r.boundary == 0 else 0)
+        if start is not None:
+            r.pinned.update(i for i, v in window.values.items() if v > 0 and i < start)
+            for number in range(r.boundary + 1, eligible + 1):
+                r.compacted_at[number] = t
+            r.boundary, r.epoch_round = eligible, t
+            r.window = Window(upto=eligible)
 
     # -- the replay, resumed across requests ------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from sqlalchemy import Connection, bindparam, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
 
+from policies.canonical import fast_canonical_json
 from policies.tokens import count_text
 from policies.tool_status import message_status
 from policies.transcript import (
@@ -30,7 +31,6 @@ from policies.transcript import (
     tool_call_pk,
     tool_result_bytes,
 )
-from storage.canonical import fast_canonical_json
 from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
 from storage.record_types import (
     CapturedThenFailed,

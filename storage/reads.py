@@ -10,6 +10,7 @@ from typing import Any, Iterable
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from storage.assembly_record import MAX_BASE_DEPTH, assembly_from_row, merged_decisions
 from storage.encryption import Tampered, call_arguments_aad, forwarded_aad, node_aad, projection_aad
 from storage.ledger import ROW_KEYS, ledger_rows, merged, run_sums, session_key_column
 from storage.record_types import (
@@ -17,9 +18,6 @@ from storage.record_types import (
     ArtifactRecord,
     RunRecord,
     artifact_from_row,
-    MAX_BASE_DEPTH,
-    assembly_from_row,
-    merged_decisions,
     run_as_dict,
 )
 from storage.schema import (ContextAssembly, ForwardedMessage, MessageNode, ModelRun, SavingsLedgerDay, ToolArtifact,

@@ -8,11 +8,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, insert, update
 
+from policies.canonical import fast_canonical_json
 from policies.transcript import opening_conversation_id
-from storage.canonical import fast_canonical_json
+from storage.assembly_record import AssemblyRecord, assembly_to_row, message_digest
 from storage.conversations import Conversations
 from storage.encryption import forwarded_aad, run_error_aad, run_response_aad
-from storage.record_types import AssemblyRecord, RunOutcome, assembly_to_row, message_digest
+from storage.record_types import RunOutcome
 from storage.schema import ContextAssembly, ForwardedMessage, ModelRun
 
 _RUNS = ModelRun.__table__

@@ -12,13 +12,12 @@ one answer, and the frames that end the stream.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 from gateway.errors import GatewayError
-from gateway.upstream.seam import Api
-
-if TYPE_CHECKING:
-    from gateway.exchange.driver import Exchange
+from gateway.pipeline.rehydration import Rehydrator
+from gateway.upstream.seam import Api, UpstreamRequest
+from gateway.wire import NeutralRequest
 
 Answer = dict[str, Any]  # one upstream answer in the dialect's format (a stream round's, rebuilt), usage included
 
@@ -76,6 +75,15 @@ class StreamView(Protocol):
         """The frame that ends a failed stream, in the stream's own terms."""
 
 
+class ExchangeState(Protocol):
+    """What a dialect reads of the exchange it answers for (gateway/exchange/driver.py's `Exchange`, which
+    imports this module): the gateway's tool when it was offered, the client's request, the upstream one."""
+
+    rehydrator: Rehydrator | None
+    client: NeutralRequest
+    request: UpstreamRequest
+
+
 class Dialect(Protocol):
     """One upstream API's answers, as the exchange reads and rewrites them."""
 
@@ -97,7 +105,7 @@ class Dialect(Protocol):
         """What a hidden round appends to the request: the answer (its gateway calls only) and theirs."""
 
     def completion(self, answer: Answer, calls: list[dict[str, Any]], usage: dict[str, Any] | None,
-                   exchange: "Exchange") -> Completion:
+                   exchange: ExchangeState) -> Completion:
         """The client's answer: the last one, without the gateway's `calls`, with the summed usage."""
 
-    def stream(self, exchange: "Exchange") -> StreamView: ...
+    def stream(self, exchange: ExchangeState) -> StreamView: ...

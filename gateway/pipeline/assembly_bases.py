@@ -4,7 +4,7 @@ Between epochs a request's decisions are the previous request's plus the new
 round's; at a move, the rounds it re-renders. The gateway keeps each recorded
 request's notable decisions (every one but `verbatim`) for a while in this
 process; the next request on the path names that request as its base and
-stores the difference (storage/record_types.py). A base this process does not
+stores the difference (storage/assembly_record.py). A base this process does not
 hold (another replica answered it, a restart, the cache moved on) means the
 request stores its decisions whole, and so does every `MAX_BASE_DEPTH`-th
 request of a chain, which bounds what a read walks.
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Mapping
 
-from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord
+from storage.assembly_record import MAX_BASE_DEPTH, AssemblyRecord
 
 # notable decisions, depth of the chain behind them, replacements with their digests
 _Entry = tuple[Mapping[int, dict[str, Any]], int, Mapping[int, tuple[Mapping[str, Any], str]]]

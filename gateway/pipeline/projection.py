@@ -11,12 +11,13 @@ from gateway.wire import NeutralRequest
 from policies import assembly_types
 from policies.assembler import assemble
 from policies.assembly_types import Projection, Records
+from policies.canonical import fast_canonical_json
 from policies.path_records import path_tokens, records_for_path
 from policies.policy import Policy
 from policies.tokens import count_text, encoding_for_model
 from policies.transcript import PathNode, canonical_json, message_path
-from storage.canonical import fast_canonical_json
-from storage.record_types import AssemblyRecord, IngestResult
+from storage.assembly_record import AssemblyRecord
+from storage.record_types import IngestResult
 
 
 def project(

@@ -38,7 +38,8 @@ from gateway.wire.json_body import check_text
 from policies.assembly_types import Projection, Records
 from policies.policy import Policy
 from policies.transcript import PathNode, message_path
-from storage.record_types import AssemblyRecord, IngestResult, RunStart, UnknownParentRequest, UnstorableValue
+from storage.assembly_record import AssemblyRecord
+from storage.record_types import IngestResult, RunStart, UnknownParentRequest, UnstorableValue
 
 SESSION_HEADERS = ("x-gateway-session", "x-litellm-session-id", "helicone-session-id", "x-claude-code-session-id")
 PARENT_HEADER = "x-gateway-parent-request"

@@ -34,8 +34,9 @@ from gateway.pipeline.outcomes import Accounting
 from gateway.threads import off_loop
 from gateway.upstream.seam import Attempt
 from policies.transcript import PathNode
+from storage.assembly_record import AssemblyRecord
 from storage.database import unavailable
-from storage.record_types import AssemblyRecord, CapturedThenFailed, IngestResult, RunOutcome, RunStart
+from storage.record_types import CapturedThenFailed, IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore
 
 log = logging.getLogger("gateway.runs")

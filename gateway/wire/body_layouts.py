@@ -3,7 +3,7 @@ known by its bytes.
 
 An agent resends its whole transcript, a message or two longer, on every turn, and the JSON text of
 the messages it sent before is byte for byte what it sent then. Every message's digest
-(`storage.canonical.exact_digest`: the seen-messages and node-id caches' key) is a function of the
+(`policies.canonical.exact_digest`: the seen-messages and node-id caches' key) is a function of the
 message's value, and a JSON text's value is a function of its bytes: where a body's first bytes, up
 to the end of message k, are a recent body's, its messages 0..k are that body's and so are their
 digests. Only the messages after them are serialised and hashed (2.6 ms of SHA-256 and orjson for a
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Sequence
 
 import orjson
 
-from storage.canonical import exact_digest, text_digest, trim_oldest
+from policies.canonical import exact_digest, text_digest, trim_oldest
 
 # From a place outside any string: everything up to the next bracket or brace (strings skipped whole).
 _STRUCTURE = re.compile(rb'[^"\[\]{}]*+(?:"(?:[^"\\]++|\\.)*+"[^"\[\]{}]*+)*+([\[\]{}])')

@@ -4,7 +4,7 @@ An agent resends its whole transcript on every turn: a 1,000-message request hol
 gateway checked on the previous one. A message's checks look at that message alone, so a message
 that passed them once passes them again; each is known by a digest of its exact JSON text (orjson
 writes `1`, `1.0` and `true` apart), and only the others are checked. The same digests name the
-messages to the node-id cache (storage/canonical.py), which would otherwise compute them again.
+messages to the node-id cache (policies/canonical.py), which would otherwise compute them again.
 
 What is remembered is only that a text passed: nothing of any tenant's content is kept or served.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Sequence
 
-from storage.canonical import exact_digest, trim_oldest
+from policies.canonical import exact_digest, trim_oldest
 
 MIN_MESSAGES = 16  # shorter transcripts are checked whole: the digests would cost what they save
 

@@ -334,16 +334,16 @@ def test_what_the_user_says_later_never_changes_an_earlier_memory() -> None:
 def test_thousands_of_small_rounds_cost_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
     # Results under min_tokens never make a move pay, so the boundary stays at 0 and every round
     # waits in the window: the assembler must not re-price the whole window at every round.
-    from policies import assembler
+    from policies import assembly_state
 
     calls = {"saving": 0}
-    original = assembler._Assembly.saving
+    original = assembly_state.Assembly.saving
 
     def counted(self, index: int, upto: int) -> int:
         calls["saving"] += 1
         return original(self, index, upto)
 
-    monkeypatch.setattr(assembler._Assembly, "saving", counted)
+    monkeypatch.setattr(assembly_state.Assembly, "saving", counted)
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     for i in range(3000):
         messages += tool_round(f"c{i}", "bash", "ok", command=f"step {i}")

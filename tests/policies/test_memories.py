@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from policies.memories import ArtifactView, Salience, excerpt, render_memory, terms_of
+from policies.excerpts import Salience, terms_of
+from policies.memories import ArtifactView, excerpt, render_memory
 from policies.policy import Compaction, PolicyError, ToolRule, policy_from_mapping
 
 RULE = ToolRule(match=["*"])

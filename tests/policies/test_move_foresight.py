@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from bench.format_replay import TRACES, load, turns
-from policies.assembler import _Assembly, assemble
+from policies.assembler import assemble
+from policies.assembly_state import Assembly
 from policies.path_records import path_tokens, records_for_path
 from policies.presets import preset
 from policies.tokens import DEFAULT_ENCODING, message_tokens
@@ -158,7 +159,7 @@ def test_a_resumed_replay_gives_what_a_full_replay_gives(path: Path) -> None:
         both(messages[:end])
     last = messages[:ends[-1]]
     nodes = message_path(tenant, last)
-    state = _Assembly(pol, last, records_for_path(nodes, NOW), NOW, "openai", DEFAULT_ENCODING, None,
+    state = Assembly(pol, last, records_for_path(nodes, NOW), NOW, "openai", DEFAULT_ENCODING, None,
                       node_ids=[n.id for n in nodes])
     if state.rounds:
         assert state._resumed_replay().t == len(state.rounds)  # the replay resumes, it is not redone

@@ -1,5 +1,5 @@
 """The caches that carry one request's work over to the conversation's next (records of the path's
-prefix, memories, savings and named terms by node id: policies/path_records.py, policies/assembler.py)
+prefix, memories, savings and named terms by node id: policies/path_records.py, policies/assembly_state.py)
 change no projection: every request of every trace, the same messages resent, branches off earlier
 prefixes, a policy change between requests, another tenant, other owners and other observation times
 project exactly as a process that has seen nothing does."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.format_replay import TRACES, load, turns
-from policies import assembler, decision_reuse, epoch_replay, path_records, rounds
+from policies import assembly_state, decision_reuse, epoch_replay, path_records, rounds
 from policies.assembler import assemble
 from policies.path_records import path_tokens, records_for_path
 from policies.policy import policy_from_mapping
@@ -21,7 +21,7 @@ from policies.bounded_cache import BoundedCache
 from policies.transcript import artifact_id_for, message_path
 
 NOW = 1_800_000_000.0
-SHARED = ((assembler, ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_DUPLICATES")),
+SHARED = ((assembly_state, ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_DUPLICATES")),
           (epoch_replay, ("_REPLAYS",)), (rounds, ("_ROUNDS",)), (decision_reuse, ("DECISIONS",)))
 
 # results another participant produced are shown only as memories; old ones are stale

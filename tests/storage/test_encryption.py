@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select, text, update
 
 from policies.transcript import artifact_id_for, message_path, tool_call_pk
+from storage.assembly_record import AssemblyRecord
 from storage.blobs import BlobCorrupted, DirectoryBlobStore
 from storage.database import make_engine
 from storage.encryption import (
@@ -27,7 +28,7 @@ from storage.encryption import (
     node_aad,
     sealed_key_id,
 )
-from storage.record_types import ArtifactCorrupted, AssemblyRecord, RunOutcome, RunStart
+from storage.record_types import ArtifactCorrupted, RunOutcome, RunStart
 from storage.records import RecordStore
 from storage.schema import Blob, ContextAssembly, ToolArtifact
 

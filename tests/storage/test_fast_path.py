@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from gateway.pipeline.assembly_bases import RecentAssemblies
 from policies.assembly_types import Decision
+from storage.assembly_record import MAX_BASE_DEPTH, AssemblyRecord, message_digest, stored_decisions
 from storage.path_reads import _sqlite_moment
-from storage.record_types import MAX_BASE_DEPTH, AssemblyRecord, as_utc, message_digest, stored_decisions
+from storage.record_types import as_utc
 
 
 def _record(replaced: dict[int, dict[str, Any]], reasons: dict[int, str] | None = None,

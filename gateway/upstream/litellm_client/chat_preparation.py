@@ -46,7 +46,7 @@ from litellm.responses.litellm_completion_transformation.tool_search import (
 from litellm.utils import jsonify_tools
 
 from gateway.upstream.litellm_client.base import litellm  # first: it sets LiteLLM's offline environment
-from storage.canonical import trim_oldest
+from policies.canonical import trim_oldest
 
 
 def _key(prefix: bytes, message: Any) -> bytes:
@@ -185,7 +185,7 @@ class MessageMemo:
                digests: Sequence[bytes | None] | None = None) -> Prepared | None:
         """The messages as `message_steps` prepares them, the new ones by it and the others from the
         memo (whose in-place fixes are made again in the caller's dicts); None when LiteLLM must prepare
-        the whole list. `digests`: where a message's is known (`storage.canonical.exact_digest`, which
+        the whole list. `digests`: where a message's is known (`policies.canonical.exact_digest`, which
         is as exact as the pickle, for a message of JSON's types), the key is made of it instead."""
         config = type(route.config)
         context = (f"{config.__module__}.{config.__qualname__}", route.model, route.provider, route.api_base,

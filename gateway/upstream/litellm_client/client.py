@@ -42,7 +42,7 @@ from gateway.upstream.litellm_client.params import NAMED, chat_by_name, split_bo
 from gateway.upstream.litellm_client.prices import deployment_prices, usage_cost
 from gateway.upstream.litellm_client.streams import LiteLLMStream
 from gateway.upstream.seam import UPSTREAM_REQUEST_ID_HEADER, Api, Prices, UpstreamRequest, closing
-from storage.canonical import compact_json_bytes
+from policies.canonical import compact_json_bytes
 
 
 def _deployment_key(params: Mapping[str, Any]) -> str:

@@ -23,9 +23,10 @@ from gateway.pipeline.rehydration import Rehydrator
 from gateway.pipeline.request_path import _capture_and_project
 from gateway.pipeline.run_recorder import RunRecorder
 from gateway.wire.openai_chat import OpenAIChat
+from policies.canonical import NodeIds
 from policies.presets import preset
-from storage.canonical import NodeIds
-from storage.record_types import AssemblyRecord, RunOutcome, RunStart, _same_decision, stored_decisions
+from storage.assembly_record import AssemblyRecord, _same_decision, stored_decisions
+from storage.record_types import RunOutcome, RunStart
 from testkit.gateway import load_trace, make_store
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "openhands_codeact_llama4-maverick_ponyc-4588.jsonl"

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.commands.replay import replay_trace, trace_turns, wire_message
 from policies.presets import preset
-from storage.record_types import MAX_BASE_DEPTH
+from storage.assembly_record import MAX_BASE_DEPTH
 from testkit.gateway import RunningGateway, load_trace, settings_for, start_gateway
 from testkit.fake_upstream import FakeUpstream
 

@@ -21,7 +21,7 @@ from litellm.llms.openai.chat import gpt_transformation
 
 from gateway.upstream.litellm_client.chat_preparation import MessageMemo
 from gateway.upstream.litellm_client.direct import direct_route, openai_request
-from storage.canonical import exact_digest
+from policies.canonical import exact_digest
 
 ROUTE = direct_route({"model": "openai/fake", "api_base": "http://upstream.test/v1", "api_key": "sk-upstream"})
 OPENAI = direct_route({"model": "gpt-4o-mini", "api_base": "https://api.openai.com/v1", "api_key": "sk-upstream"})

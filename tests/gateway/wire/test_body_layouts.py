@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gateway.wire import body_layouts
 from gateway.wire.body_layouts import BodyLayouts
 from gateway.wire.openai_chat import OpenAIChat
-from storage.canonical import exact_digest
+from policies.canonical import exact_digest
 
 
 def transcript(rounds: int, tag: str = "", pad: int = 1) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.canonical import NodeIds, _orjson_may_differ, compact_json, compact_json_bytes, fast_canonical_json
+from policies.canonical import NodeIds, _orjson_may_differ, compact_json, compact_json_bytes, fast_canonical_json
 from policies.transcript import canonical_json, message_path
 
 _SCALARS = st.one_of(
@@ -109,7 +109,7 @@ def test_remembered_node_ids_are_the_computed_ones(transcripts: list[list[dict]]
 def test_a_path_placed_with_its_digests_is_the_computed_one(transcripts: list[list[dict]], data: st.DataObject) -> None:
     """`NodeIds.path` (the request path's loop, handed the digests parsing worked out, some unknown) places
     every message where `message_path` does, whatever was seen before."""
-    from storage.canonical import exact_digest
+    from policies.canonical import exact_digest
     ids = NodeIds(limit=8)
     for messages in [*transcripts, *transcripts]:
         digests = [exact_digest(m) if data.draw(st.booleans()) else None for m in messages]
@@ -138,7 +138,7 @@ def test_ids_depend_on_tenant_and_parent_whatever_is_remembered() -> None:
 
 def test_the_digests_parsing_works_out_are_the_node_id_cache_keys() -> None:
     from gateway.wire.seen_messages import message_digests
-    from storage.canonical import exact_digest
+    from policies.canonical import exact_digest
     messages = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "\ud800", "tool_call_id": "c"},
                 {"role": "user", "content": 1.0}, {"role": "user", "content": 1}]
     assert message_digests(messages) == [exact_digest(m) for m in messages]

@@ -1,4 +1,6 @@
-"""`canonical_json` (and the SDK's compact JSON) at C speed: the same text from orjson wherever they agree.
+"""Transcript identity at C speed: the canonical form and node ids of policies/transcript.py, and the
+digests the gateway's caches of messages are keyed by; `canonical_json` (and the SDK's compact JSON)
+written by orjson wherever they agree.
 
 orjson writes sorted keys, no spaces and unicode as is, escaping exactly what
 `json.dumps(..., ensure_ascii=False)` escapes, with the same code-point key order

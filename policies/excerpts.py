@@ -1,0 +1,247 @@
+"""Which lines of a tool result's text a memory keeps, and why: the opening and the end by character
+budget, and between them the lines that carry a decision (conditions, negations, errors, status fields,
+the policy's patterns, identifiers and amounts the conversation had named), each cut to a window
+around what made it count; a listing as its count and first entries; a short error whole.
+
+Pure functions of the text and the compaction settings, so a memory renders to the same bytes every
+time (policies/memories.py renders them; policies/json_excerpt.py does the same for JSON values).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from policies.policy import Compaction
+
+_PATH_LIKE = re.compile(r"^[\w.\-~/]+/?$|^[dl-][rwx\-]{9}\s")
+
+
+def clip(line: str, limit: int) -> str:
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}...[+{len(line) - limit} chars]"
+
+
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+_PROGRESS_HEADER = re.compile(r"^% Total\s+% Received|^Dload\s+Upload\s+Total")  # curl's progress meter
+
+
+def _is_noise(line: str) -> bool:
+    """Progress bars, rulers and tables of numbers: lines with almost no words."""
+    return len(line) >= 12 and len(_LETTER.findall(line)) < 0.25 * len(line) or bool(_PROGRESS_HEADER.match(line))
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One line of a memory's excerpt: where it was in the artifact and why it was kept."""
+
+    number: int  # 1-based line of the artifact; 0 for a line the extractor wrote (an outline, a marker)
+    text: str
+    why: str  # head | tail | outline | listing | whole | omitted, or the salience reasons joined by '+'
+    repeats: int = 1  # consecutive identical lines folded into this one
+    through: int = 0  # the artifact line of the last of them
+
+    def render(self) -> str:
+        text = f"{self.text} [x{self.repeats}]" if self.repeats > 1 else self.text
+        return f"L{self.number}: {text}" if self.number and self.why not in (
+            "head", "tail", "whole", "outline", "listing", "omitted") else text
+
+
+# Deterministic salience: the lines that carry a decision. Weights rank them when the budget is short.
+_SALIENCE: tuple[tuple[str, int, re.Pattern[str]], ...] = (
+    ("condition", 3, re.compile(
+        r"\b(?:exceptions?|except|unless|only if|provided that|must|shall|never|requires?|required|"
+        r"approvals?|approved|limits?|deadlines?|no later than|at least|at most|prohibited|forbidden|"
+        r"not allowed|mandatory)\b", re.I)),
+    ("negation", 2, re.compile(r"\b(?:not|cannot|never|none|no longer|neither|nor)\b|n't\b", re.I)),
+    ("error", 2, re.compile(
+        r"\b(?:errors?|exception|traceback|failed|failures?|fatal|panic|warnings?|denied|refused|invalid|"
+        r"timed? ?out)\b", re.I)),
+    ("status", 1, re.compile(r"^\W*(?:status|state|result|outcome|decision|resolution)\W*\s*[:=]", re.I)),
+)
+_POLICY_WEIGHT, _MENTIONED_WEIGHT = 4, 3
+_MIN_WEIGHT = 2  # a status field alone does not earn a place
+_TERM = re.compile(r"[A-Za-z0-9$][A-Za-z0-9_\-.,/:]*[A-Za-z0-9%]")
+_CONTINUATION = re.compile(r"^(?:[a-z]|(?:and|or|but|unless|except|then|so)\b)")
+
+
+_REMEMBERED_LINE_CHARS = 2048  # longer texts are not kept as keys of terms_of's cache
+
+
+def terms_of(text: str) -> frozenset[str]:
+    """Identifiers and amounts in `text`: tokens of 3 to 40 characters mixing digits with letters or
+    punctuation (not paths), bare numbers of 4+ digits or with a currency sign. Remembered for short
+    texts (lines come back on every request of a conversation); a long one is not held as a key."""
+    return _remembered_terms(text) if len(text) <= _REMEMBERED_LINE_CHARS else _terms_of(text)
+
+
+def _terms_of(text: str) -> frozenset[str]:
+    out = set()
+    for raw in _TERM.findall(text):
+        token = raw.strip(".,:/").lstrip("$").replace(",", "")
+        if "/" in token or len(token) > 40:
+            continue  # paths and URLs: every output of a session echoes its working directory
+        if token.isdigit():
+            if len(token) >= 4 or raw.startswith("$"):  # small bare numbers are line numbers and counts
+                out.add(token)
+        elif len(token) >= 3 and any(ch.isdigit() for ch in token):
+            out.add(token)
+    return frozenset(out)
+
+
+_remembered_terms = functools.lru_cache(maxsize=16384)(_terms_of)
+
+
+@dataclass(frozen=True)
+class Salience:
+    """What makes a line worth keeping for one memory: built-in rules, the policy's patterns, and the
+    identifiers and amounts the conversation had mentioned before the result."""
+
+    patterns: tuple[str, ...] = ()
+    terms: frozenset[str] = frozenset()
+
+    def reasons(self, line: str) -> tuple[int, str, int]:
+        """(weight, reasons joined by '+', where in the line the first reason starts)."""
+        weight, why, at = 0, [], len(line)
+        for pattern in self.patterns:
+            if found := re.search(pattern, line):
+                weight, why, at = weight + _POLICY_WEIGHT, [*why, "policy"], min(at, found.start())
+                break
+        for name, value, compiled in _SALIENCE:
+            if found := compiled.search(line):
+                weight, why, at = weight + value, [*why, name], min(at, found.start())
+        if self.terms and (named := self.terms & terms_of(line)):
+            weight, why = weight + _MENTIONED_WEIGHT, [*why, "mentioned"]
+            at = min(at, min(line.find(term) for term in named))
+        return weight, "+".join(why), at
+
+
+def _window(line: str, at: int, width: int) -> str:
+    """At most `width` characters of `line` around offset `at` (a third before it), cuts marked."""
+    if len(line) <= width:
+        return line
+    start = max(0, min(at - width // 3, len(line) - width))
+    return ("..." if start else "") + line[start:start + width] + ("..." if start + width < len(line) else "")
+
+
+@dataclass
+class Line:
+    number: int
+    text: str
+    repeats: int = 1
+    last: int = 0  # the artifact line of the last repeat (blank lines between repeats are skipped)
+
+
+def folded_lines(text: str) -> list[Line]:
+    """Non-empty lines, spaces folded, runs of identical lines collapsed with a count."""
+    out: list[Line] = []
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = " ".join(raw.split())
+        if not line:
+            continue
+        if out and out[-1].text == line:
+            out[-1].repeats += 1
+            out[-1].last = number
+        else:
+            out.append(Line(number, line, last=number))
+    return out
+
+
+def _take(lines: list[Line], budget: int, limit: int) -> list[Line]:
+    """Lines from the front of `lines` until `budget` characters are used."""
+    out: list[Line] = []
+    used = 0
+    for line in lines:
+        clipped = clip(line.text, limit)
+        if out and used + len(clipped) > budget:
+            break
+        out.append(line)
+        used += len(clipped) + 1
+        if used >= budget:
+            break
+    return out
+
+
+def salient_lines(middle: list[Line], salience: Salience, budget: int, limit: int,
+             context: bool = True) -> dict[int, tuple[str, str]]:
+    """Positions in `middle` worth keeping, with why and the text kept: the heaviest lines first, each
+    cut to a window around what made it count, with the line before it where it reads as a
+    continuation (`context`: lines of prose, not a JSON value's leaves, each whole in itself); the
+    first line is kept even if the budget is smaller than it."""
+    scored = []
+    for position, line in enumerate(middle):
+        weight, why, at = salience.reasons(line.text)
+        if weight >= _MIN_WEIGHT:
+            scored.append((-weight, position, why, at))
+    chosen: dict[int, tuple[str, str]] = {}
+    used = 0
+    for _, position, why, at in sorted(scored):
+        room = max(budget - used, 0)
+        if chosen and room < 40:
+            break
+        text = _window(middle[position].text, at, limit if not chosen else min(limit, max(room, 60)))
+        want = [(position, why, text)]
+        previous = position - 1
+        if context and previous >= 0 and previous not in chosen and _CONTINUATION.match(middle[position].text):
+            context = middle[previous].text
+            want.insert(0, (previous, "context", _window(context, len(context), min(limit, 60))))
+        cost = sum(len(t) + 8 for p, _, t in want if p not in chosen)
+        if chosen and used + cost > budget:
+            continue
+        for p, reason, t in want:
+            chosen.setdefault(p, (reason, t))
+        used += cost
+    return chosen
+
+
+def text_excerpt(text: str, c: Compaction, salience: Salience = Salience(), window: int | None = None) -> list[Kept]:
+    """The opening and the end of a text by character budget, and between them the lines that carry
+    a decision (conditions, negations, errors, status fields, what the conversation mentioned), each
+    with its line number; the gaps say which lines they leave out."""
+    everything = folded_lines(text)
+    lines = [line for line in everything if not _is_noise(line.text)] or everything
+    head = _take(lines, c.head_chars, c.max_line_chars)
+    rest = lines[len(head):]
+    tail = _take(rest[::-1], c.tail_chars, c.max_line_chars)[::-1] if rest else []
+    middle = rest[: len(rest) - len(tail)]
+    picked = salient_lines(middle, salience, c.salient_chars, window or c.max_line_chars) if middle else {}
+    kept = [(line, "head", clip(line.text, c.max_line_chars)) for line in head]
+    kept += [(middle[p], why, shown) for p, (why, shown) in sorted(picked.items())]
+    kept += [(line, "tail", clip(line.text, c.max_line_chars)) for line in tail]
+    out: list[Kept] = []
+    last = 0  # the last artifact line covered so far
+    total = text.count("\n") + 1
+    for line, why, shown in kept:
+        if out and line.number > last + 1 and _skipped(lines, last, line.number):
+            out.append(Kept(0, f"[... lines {last + 1}-{line.number - 1} omitted ...]", "omitted"))
+        out.append(Kept(line.number, shown, why, line.repeats, line.last))
+        last = max(line.last, line.number)
+    if kept and last < total and _skipped(lines, last, total + 1):
+        out.append(Kept(0, f"[... lines {last + 1}-{total} omitted ...]", "omitted"))
+    return out
+
+
+def _skipped(lines: list[Line], after: int, before: int) -> bool:
+    """Whether any kept-worthy line lies strictly between artifact lines `after` and `before`."""
+    return any(after < line.number < before for line in lines)
+
+
+def listing_excerpt(text: str, c: Compaction) -> list[Kept] | None:
+    lines = [line for line in folded_lines(text)]
+    if len(lines) < 12 or sum(1 for line in lines if _PATH_LIKE.match(line.text)) < 0.8 * len(lines):
+        return None
+    dirs = sum(1 for line in lines if line.text.endswith("/") or line.text.startswith("d"))
+    head = _take(lines, c.head_chars + c.tail_chars, c.max_line_chars)
+    rest = len(lines) - len(head)
+    summary = Kept(0, f"listing of {len(lines)} entries ({dirs} directories)", "listing")
+    return [summary, *(Kept(line.number, clip(line.text, c.max_line_chars), "head", line.repeats) for line in head)] + (
+        [Kept(0, f"[... {rest} more entries ...]", "omitted")] if rest > 0 else [])
+
+
+def error_excerpt(text: str, c: Compaction, salience: Salience, window: int | None = None) -> list[Kept]:
+    if len(text) <= c.error_max_chars:
+        return [Kept(number, line, "whole") for number, line in enumerate(text.split("\n"), start=1)]
+    return text_excerpt(text, c, salience, window)
