@@ -26,7 +26,7 @@ def _turn(url: str, n: int) -> tuple[int, str]:
 def test_two_workers_serve_one_socket_and_record_every_run(storage_url: str, tmp_path: Path) -> None:
     with fake_upstream() as upstream:
         gateway = Gateway(write_config(tmp_path, storage_url, upstream), free_port(), tmp_path / "gateway.log",
-                          workers=2).start()
+                          workers=2).start(seconds=180)  # two processes import LiteLLM at once (2 CPUs: ~60 s)
         engine = sqlalchemy.create_engine(storage_url)
         try:
             instances = 0
