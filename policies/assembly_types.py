@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
+from policies.memo import memo
 from policies.memories import ArtifactView
 
 ASSEMBLER_VERSION = "1"
@@ -57,17 +58,12 @@ class Decision:
         return out
 
     @classmethod
+    @memo(maxsize=65536)
     def as_is(cls, index: int, role: str, tokens: int) -> "Decision":
         """`verbatim(index, role, tokens)`, one instance for equal arguments: a decision is a frozen value,
         and an agent's every request decides `verbatim` again for the same messages in the same places
-        (a dict look-up instead of an instance per message per request)."""
-        key = (index, role, tokens)
-        found = _AS_IS.get(key)
-        if found is None:
-            if len(_AS_IS) >= _AS_IS_LIMIT:
-                _AS_IS.clear()
-            found = _AS_IS[key] = cls.verbatim(index, role, tokens)
-        return found
+        (a memo look-up instead of an instance per message per request)."""
+        return cls.verbatim(index, role, tokens)
 
     @classmethod
     def verbatim(cls, index: int, role: str, tokens: int) -> "Decision":
@@ -78,10 +74,6 @@ class Decision:
         decision.__dict__.update(index=index, role=role, action="verbatim", reason="kept", artifact_id=None,
                                  tokens_before=tokens, tokens_after=tokens, kept="")
         return decision
-
-
-_AS_IS: dict[tuple[int, str, int], Decision] = {}  # `Decision.as_is`
-_AS_IS_LIMIT = 65536
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,20 @@
-"""A bounded, thread-safe LRU for the assembler's caches that carry work between requests."""
+"""The one bounded mapping: a thread-safe LRU for caches whose key is not a function's arguments.
+
+A function memoised by its arguments uses `policies.memo.memo`. A `BoundedCache` is for the rest: a
+cache keyed by what names a value's content rather than by the content (a sha256, a node id, so that
+it keeps no text alive), the caches that carry a conversation's work over to its next request, and
+caches bounded by the text their entries hold. Every instance registers with policies/memo.py, so
+`reset_memos()` clears it with the memoised functions; a test that needs a fresh process's caches for
+a while, and its warm ones back after, uses `set_aside`.
+"""
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+from policies.memo import register
 
 # The characters of tool results one cache of result views may keep alive: the caches that carry a
 # conversation's views over to its next request keep a few conversations, however large their results.
@@ -31,6 +42,7 @@ class BoundedCache:
         self.weight = 0
         self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
+        register(self)
 
     def get(self, key: Any) -> Any:
         with self._lock:
@@ -54,3 +66,22 @@ class BoundedCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def cache_clear(self) -> None:
+        """Forget every entry (`policies.memo.reset_memos` calls it)."""
+        with self._lock:
+            self._items = OrderedDict()
+            self.weight = 0
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Empty inside the block, as in a process that has seen nothing; on leaving, the entries it held
+        before come back and those put inside are dropped."""
+        with self._lock:
+            kept, kept_weight = self._items, self.weight
+            self._items, self.weight = OrderedDict(), 0
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._items, self.weight = kept, kept_weight

@@ -8,10 +8,10 @@ time (policies/memories.py renders them; policies/json_excerpt.py does the same 
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
+from policies.memo import memo
 from policies.policy import Compaction
 
 _PATH_LIKE = re.compile(r"^[\w.\-~/]+/?$|^[dl-][rwx\-]{9}\s")
@@ -92,7 +92,7 @@ def _terms_of(text: str) -> frozenset[str]:
     return frozenset(out)
 
 
-_remembered_terms = functools.lru_cache(maxsize=16384)(_terms_of)
+_remembered_terms = memo(maxsize=16384)(_terms_of)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,6 @@ both paths give the assembler identical inputs for identical transcripts.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
@@ -21,9 +19,7 @@ from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
 
 
-_FACTS: OrderedDict[tuple[str, str], tuple[str, str, int]] = OrderedDict()
-_FACTS_SIZE = 65536
-_FACTS_LOCK = threading.Lock()
+_FACTS = BoundedCache(65536)  # (node id, encoding) -> (sha256, status, tokens) of a tool message
 
 
 def _facts(node: PathNode, encoding: str) -> tuple[str, str, str, int]:
@@ -36,16 +32,10 @@ def _facts(node: PathNode, encoding: str) -> tuple[str, str, str, int]:
     raw, _ = tool_result_bytes(node.message.get("content"))
     text = raw.decode("utf-8", "replace")  # as the store reads it back (lone surrogates replaced)
     key = (node.id, encoding)
-    with _FACTS_LOCK:
-        cached = _FACTS.get(key)
-        if cached is not None:
-            _FACTS.move_to_end(key)
-            return (text, *cached)
-    facts = (hashlib.sha256(raw).hexdigest(), message_status(dict(node.message), text), count_text(text, encoding))
-    with _FACTS_LOCK:
-        _FACTS[key] = facts
-        if len(_FACTS) > _FACTS_SIZE:
-            _FACTS.popitem(last=False)
+    facts = _FACTS.get(key)
+    if facts is None:
+        facts = (hashlib.sha256(raw).hexdigest(), message_status(dict(node.message), text), count_text(text, encoding))
+        _FACTS.put(key, facts)
     return (text, *facts)
 
 

@@ -3,19 +3,19 @@ the value at an argument path, a result's revision, a digest blind to timestamps
 of a call's arguments. Memoised where every request asks again for the same results."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
 from typing import Any, Sequence
 
 from policies.bounded_cache import BoundedCache
+from policies.memo import memo
 from policies.memories import ArtifactView
 
 _LOOSE = BoundedCache(65536)
 
 
-@functools.lru_cache(maxsize=16384)
+@memo(maxsize=16384)
 def argument_value(arguments: str | None, path: str) -> str | None:
     """The value at `arguments.x.y` of a call's JSON arguments, canonicalised (several paths joined
     by commas: the values together). Memoised: every request of a conversation asks again for the
@@ -78,7 +78,7 @@ _VOLATILE = re.compile(
 )
 
 
-@functools.lru_cache(maxsize=16384)
+@memo(maxsize=16384)
 def short_values(arguments: str) -> str:
     """The short scalar values of a call's JSON arguments (ids, amounts, names), not its commands,
     paths or file contents: what a later output may echo that matters."""

@@ -5,46 +5,40 @@ first count (gateway/upstream/encodings.py points it at the files LiteLLM ships,
 """
 from __future__ import annotations
 
-import functools
 import hashlib
-import threading
-from collections import OrderedDict
 from typing import Any, Mapping
 
 import tiktoken
+
+from policies.bounded_cache import BoundedCache
+from policies.memo import memo
 
 DEFAULT_ENCODING = "o200k_base"
 MESSAGE_OVERHEAD = 4  # per-message framing, as OpenAI documents for chat models
 TOOL_CALL_OVERHEAD = 4
 
 
-@functools.lru_cache(maxsize=8)
+@memo(maxsize=8)
 def encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
     return tiktoken.get_encoding(name)
 
 
-@functools.lru_cache(maxsize=65536)
+@memo(maxsize=65536)
 def _cached_count(text: str, name: str) -> int:
     return len(encoding(name).encode(text, disallowed_special=()))
 
 
-_LONG_COUNTS: OrderedDict[tuple[bytes, str], int] = OrderedDict()
-_LONG_COUNTS_SIZE = 65536  # digests and counts: about 10 MB full
-_LONG_COUNTS_LOCK = threading.Lock()
+# (sha256 of the text, encoding) -> tokens: keyed by digest, so no long text is kept alive
+_LONG_COUNTS = BoundedCache(65536)  # digests and counts: about 10 MB full
 
 
 def _count_long(text: str, name: str) -> int:
     """Long texts (tool outputs re-sent every turn) are cached by digest: numbers, not texts."""
     key = (hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), name)
-    with _LONG_COUNTS_LOCK:
-        if key in _LONG_COUNTS:
-            _LONG_COUNTS.move_to_end(key)
-            return _LONG_COUNTS[key]
-    count = len(encoding(name).encode(text, disallowed_special=()))
-    with _LONG_COUNTS_LOCK:
-        _LONG_COUNTS[key] = count
-        if len(_LONG_COUNTS) > _LONG_COUNTS_SIZE:
-            _LONG_COUNTS.popitem(last=False)
+    count = _LONG_COUNTS.get(key)
+    if count is None:
+        count = len(encoding(name).encode(text, disallowed_special=()))
+        _LONG_COUNTS.put(key, count)
     return count
 
 
@@ -89,7 +83,7 @@ def messages_tokens(messages: list[Mapping[str, Any]], name: str = DEFAULT_ENCOD
     return sum(message_tokens(m, name) for m in messages)
 
 
-@functools.lru_cache(maxsize=512)
+@memo(maxsize=512)
 def encoding_for_model(model: str) -> str:
     """The tiktoken encoding for a model name (provider prefix allowed), o200k_base if unknown."""
     name = model.split("/")[-1]

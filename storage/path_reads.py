@@ -9,7 +9,6 @@ path's length.
 """
 from __future__ import annotations
 
-import functools
 from datetime import datetime
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
@@ -17,6 +16,7 @@ import orjson
 from sqlalchemy import Connection, String, any_, bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from policies.memo import memo
 from storage.record_types import as_utc
 from storage.schema import ConversationNode, MessageNode, ModelRun, ToolArtifact
 from storage.store_base import StoreBase
@@ -103,7 +103,7 @@ def _sqlite_moment(value: str | datetime) -> float:
     return value.timestamp()
 
 
-@functools.lru_cache(maxsize=65536)
+@memo(maxsize=65536)
 def _sqlite_text_moment(value: str) -> float:
     """`_sqlite_moment` of SQLite's text, remembered: a path's artifacts are read again on every request
     of their conversation, each with the same text."""

@@ -1,4 +1,4 @@
-"""Shared fixtures: a fake upstream, fresh databases, a gateway on a real socket.
+"""Shared fixtures: a fake upstream, fresh databases, a gateway on a real socket, fresh memos.
 
 PostgreSQL and Redis tests use the real servers named by
 GATEWAY_TEST_POSTGRES_URL / GATEWAY_TEST_REDIS_URL (defaults: the local
@@ -22,6 +22,7 @@ from gateway.upstream.encodings import use_bundled_encodings  # noqa: E402
 
 use_bundled_encodings()
 
+from policies.memo import reset_memos  # noqa: E402
 from scripts.processes import RedisServer  # noqa: E402
 from storage.blobs import BlobStore, DirectoryBlobStore  # noqa: E402
 from storage.s3_blobs import S3BlobStore  # noqa: E402
@@ -66,6 +67,15 @@ def service_unavailable(name: str, error: Exception) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"{message}; GATEWAY_TEST_REQUIRE_SERVICES=1 makes it mandatory")
     pytest.skip(message)
+
+
+@pytest.fixture
+def fresh_memos() -> Iterator[None]:
+    """Every memo of the process cleared before the test and after it (policies/memo.py: the one way to
+    reset memoised state)."""
+    reset_memos()
+    yield
+    reset_memos()
 
 
 @pytest.fixture(scope="session")

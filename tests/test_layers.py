@@ -12,6 +12,8 @@ function counts too:
   `marks_cache`...);
 - no import circles among the modules of `policies/`, `storage/` and `gateway/` (imports under
   TYPE_CHECKING and inside functions count: a circle hidden so is still one to read through);
+- memoisation goes through one helper: no module but `policies/memo.py` uses `functools.lru_cache` or
+  `functools.cache` (however imported), so `reset_memos()` reaches every memo;
 - the shipped packages keep to small modules and functions (CONVENTIONS: a module never passes 450
   lines, a function fits on a screen).
 """
@@ -80,6 +82,27 @@ def test_no_code_outside_the_wire_folder_asks_a_formats_class() -> None:
                                                                 if isinstance(n, ast.Name)}:
                 asked.append(f"{_name(path)}:{node.lineno}")
     assert asked == []
+
+
+def _direct_memos(path: Path) -> list[int]:
+    """The lines where a module names `functools.lru_cache` / `functools.cache` (as an attribute or
+    imported by name)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in {"lru_cache", "cache"} \
+                and isinstance(node.value, ast.Name) and node.value.id == "functools":
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "functools" \
+                and {"lru_cache", "cache"} & {alias.name for alias in node.names}:
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_memoisation_goes_through_policies_memo() -> None:
+    helper = REPO / "policies" / "memo.py"
+    assert _direct_memos(helper)  # the check sees the one use it allows
+    assert [f"{_name(p)}:{line}" for pkg in SHIPPED for p in _modules(pkg) if p != helper
+            for line in _direct_memos(p)] == []
 
 
 def test_no_module_is_over_450_lines() -> None:
@@ -182,3 +205,7 @@ def test_the_checks_see_what_they_look_for(tmp_path: Path) -> None:
     graph = _import_graph(tmp_path, ("pkg",))
     assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a", "pkg"}}
     assert _cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    memos = tmp_path / "memos.py"
+    memos.write_text("import functools\nfrom functools import cache, partial\n@functools.lru_cache(maxsize=2)\n"
+                     "def f(x):\n    return x\ng = functools.cache(f)\nh = functools.partial(f)\n")
+    assert _direct_memos(memos) == [2, 3, 6]

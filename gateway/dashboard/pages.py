@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import timedelta
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from gateway.pipeline.conversation_names import name_runs
 from gateway.pipeline.run_recorder import outcomes_written
 from gateway.services import Services, ServicesDep
 from gateway.threads import aside
+from policies.memo import memo
 
 TEMPLATES = Path(__file__).parent / "templates"
 router = APIRouter(prefix="/dashboard", include_in_schema=False, dependencies=[Depends(outcomes_written)])
@@ -64,7 +64,7 @@ templates.env.filters["as_text"] = _as_text
 templates.env.filters["duration"] = _duration
 
 
-@cache
+@memo(maxsize=1)  # no arguments: one value
 def _stylesheet() -> str:
     return (TEMPLATES / "dashboard.css").read_text(encoding="utf-8")
 

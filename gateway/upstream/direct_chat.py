@@ -19,7 +19,6 @@ without the per-call machinery this module exists to skip.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 import uuid
@@ -31,6 +30,7 @@ import httpx
 
 from gateway.errors import UpstreamInvalidResponse
 from gateway.upstream.seam import UpstreamRequest, close_stream
+from policies.memo import memo
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class DirectChat:
             await close_stream(response)
 
 
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _url(url: str) -> httpx.URL:
     """A deployment's endpoint, parsed once (httpx URLs are immutable; parsing one is a tenth of a send)."""
     return httpx.URL(url)

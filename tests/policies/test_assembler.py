@@ -10,6 +10,7 @@ import pytest
 from gateway.commands.replay import protocol_problems
 from policies.assembler import assemble
 from policies.assembly_types import ContextBudgetExceeded, Decision
+from policies.memo import reset_memos
 from policies.path_records import records_for_path
 from policies.policy import Policy, policy_from_mapping
 from policies.transcript import message_path
@@ -433,15 +434,14 @@ def test_as_sent_names_the_messages_forwarded_as_they_came() -> None:
     assert not fitted.aligned and fitted.as_sent == ()
 
 
-def test_as_is_is_the_verbatim_decision_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from policies import assembly_types
-    monkeypatch.setattr(assembly_types, "_AS_IS_LIMIT", 3)
-    monkeypatch.setattr(assembly_types, "_AS_IS", {})
+def test_as_is_is_the_verbatim_decision_made_once(fresh_memos: None) -> None:
+    """A memo (policies/memo.py) of 65,536 decisions: its bound and eviction are the memo's own tests'."""
     first = Decision.as_is(3, "tool", 120)
     assert first == Decision.verbatim(3, "tool", 120) and Decision.as_is(3, "tool", 120) is first
     assert Decision.as_is(3, "tool", 121) != first and Decision.as_is(3, "user", 120) != first
-    for index in range(10):
-        Decision.as_is(index, "user", 1)
-        assert len(assembly_types._AS_IS) <= 3
+    assert Decision.as_is.cache_info().maxsize == 65536
+    reset_memos()
+    again = Decision.as_is(3, "tool", 120)
+    assert again == first and again is not first
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.action = "compacted"  # type: ignore[misc]

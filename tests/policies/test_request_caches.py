@@ -5,6 +5,7 @@ prefixes, a policy change between requests, another tenant, other owners and oth
 project exactly as a process that has seen nothing does."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,12 @@ from policies.assembler import assemble
 from policies.path_records import path_tokens, records_for_path
 from policies.policy import policy_from_mapping
 from policies.presets import preset
-from policies.bounded_cache import BoundedCache
 from policies.transcript import artifact_id_for, message_path
 
 NOW = 1_800_000_000.0
-SHARED = ((assembly_state, ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_DUPLICATES")),
+# the caches that carry work between requests (the function memos and digest-keyed counts are pure)
+SHARED = ((path_records, ("_PREFIXES", "_PATH_TOKENS")),
+          (assembly_state, ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_DUPLICATES")),
           (epoch_replay, ("_REPLAYS",)), (rounds, ("_ROUNDS",)), (decision_reuse, ("DECISIONS",)))
 
 # results another participant produced are shown only as memories; old ones are stale
@@ -31,14 +33,13 @@ _STRICT = policy_from_mapping({
 }, "test")
 
 
-def fresh(pol: Any, tenant: str, sent: list[dict], monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple:
-    """Records and projection as a process that has seen nothing builds them (every cache empty)."""
-    with monkeypatch.context() as m:
-        m.setattr(path_records, "_PREFIXES", BoundedCache(16))
-        m.setattr(path_records, "_PATH_TOKENS", BoundedCache(16))
+def fresh(pol: Any, tenant: str, sent: list[dict], **kw: Any) -> tuple:
+    """Records and projection as a process that has seen nothing builds them (every cache that carries
+    work between requests empty), the caches' warm entries set aside meanwhile and back after."""
+    with contextlib.ExitStack() as aside:
         for module, names in SHARED:
             for name in names:
-                m.setattr(module, name, BoundedCache(16))
+                aside.enter_context(getattr(module, name).set_aside())
         nodes = message_path(tenant, sent)
         participant, at = kw.pop("participant", None), kw.pop("at", NOW)
         records = records_for_path(nodes, kw.pop("now", NOW), **kw)
@@ -54,15 +55,15 @@ def cached(pol: Any, tenant: str, sent: list[dict], now: float = NOW, **kw: Any)
                              tokens=path_tokens(nodes), node_ids=[n.id for n in nodes])
 
 
-def same(pol: Any, tenant: str, sent: list[dict], monkeypatch: pytest.MonkeyPatch, **kw: Any) -> None:
+def same(pol: Any, tenant: str, sent: list[dict], **kw: Any) -> None:
     got = cached(pol, tenant, sent, **dict(kw))
-    want = fresh(pol, tenant, sent, monkeypatch, **dict(kw))
+    want = fresh(pol, tenant, sent, **dict(kw))
     assert got[0] == want[0], len(sent)
     assert got[1] == want[1], len(sent)
 
 
 @pytest.mark.parametrize("path", sorted(TRACES.glob("*.jsonl"))[::2], ids=lambda p: p.stem[:40])
-def test_cached_requests_project_as_fresh_ones(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cached_requests_project_as_fresh_ones(path: Path) -> None:
     messages = load(path)["messages"]
     tenant = f"caches-{path.stem}"
     ends = turns(messages)
@@ -70,16 +71,15 @@ def test_cached_requests_project_as_fresh_ones(path: Path, monkeypatch: pytest.M
         sent = messages[:end]
         # the conversation's policy changes now and then between requests
         pol = preset("coding-agent") if number % 5 != 4 else preset("default")
-        same(pol, tenant, sent, monkeypatch)
-        same(pol, tenant, sent, monkeypatch)  # the same messages resent
+        same(pol, tenant, sent)
+        same(pol, tenant, sent)  # the same messages resent
     for end in ends[len(ends) // 2::3]:  # a branch: an earlier prefix, then a different last turn
-        same(preset("coding-agent"), tenant, [*messages[:end], {"role": "user", "content": f"instead {end}"}],
-             monkeypatch)
+        same(preset("coding-agent"), tenant, [*messages[:end], {"role": "user", "content": f"instead {end}"}])
     # another tenant with the same messages shares nothing it should not
-    same(preset("coding-agent"), f"{tenant}-other", messages[:ends[-1]], monkeypatch)
+    same(preset("coding-agent"), f"{tenant}-other", messages[:ends[-1]])
 
 
-def test_owners_and_observation_times_are_read_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_owners_and_observation_times_are_read_per_request() -> None:
     """A prefix's records are reused with each request's owners and observation times, and a policy that
     shows other participants' results as memories gets no saving computed for another owner."""
     messages = load(sorted(TRACES.glob("*.jsonl"))[0])["messages"]
@@ -92,8 +92,8 @@ def test_owners_and_observation_times_are_read_per_request(monkeypatch: pytest.M
         owners = {a: ("alice" if (i + number) % 3 else "bob") for i, a in enumerate(tools)}
         observed = {a: NOW - (7200 if (i + number) % 2 else 60) for i, a in enumerate(tools)}
         for pol in (_STRICT, preset("coding-agent")):
-            same(pol, tenant, sent, monkeypatch, owners=owners, observed_at=observed, participant="alice")
-            same(pol, tenant, sent, monkeypatch, now=NOW + 10 * number)
+            same(pol, tenant, sent, owners=owners, observed_at=observed, participant="alice")
+            same(pol, tenant, sent, now=NOW + 10 * number)
 
 
 def test_decisions_are_reused_only_where_nothing_they_read_changed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,10 +117,10 @@ def test_decisions_are_reused_only_where_nothing_they_read_changed(monkeypatch: 
             sent = messages[:end]
             _, projection = cached(preset("coding-agent"), tenant, sent)
             epochs.add(projection.epoch_round)
-            same(preset("coding-agent"), tenant, sent, monkeypatch)
+            same(preset("coding-agent"), tenant, sent)
             # results go stale as `now` moves on; the same `now` resent
-            same(_STRICT, f"{tenant}-stale", sent, monkeypatch, at=NOW + 1200 * number)
-            same(_STRICT, f"{tenant}-stale", sent, monkeypatch, at=NOW + 1200 * number)
+            same(_STRICT, f"{tenant}-stale", sent, at=NOW + 1200 * number)
+            same(_STRICT, f"{tenant}-stale", sent, at=NOW + 1200 * number)
     assert sum(reused) > len(reused) // 3 and len(epochs) > 3  # the reuse was exercised, across epochs
 
 
@@ -146,8 +146,7 @@ def _agent_run(rounds: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("keep,trigger", [(1, 2000), (3, 2000), (1, 9000)])
-def test_reuse_across_supersessions_retries_and_duplicates(keep: int, trigger: int,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reuse_across_supersessions_retries_and_duplicates(keep: int, trigger: int) -> None:
     """Every request of an agent run (the boundary moving by one round, or by many at once), then the
     same requests by a participant for whom earlier repeats of an output are someone else's, shown as
     memories (which earlier output a repeat refers to changes from request to request)."""
@@ -159,12 +158,12 @@ def test_reuse_across_supersessions_retries_and_duplicates(keep: int, trigger: i
     private = policy_from_mapping({**base, "compaction": compaction, "tools": tools}, "test")
     tenant = f"agent-run-{keep}-{trigger}"
     for end in range(4, len(messages) + 1, 2):
-        same(pol, tenant, messages[:end], monkeypatch)
+        same(pol, tenant, messages[:end])
     early = artifact_id_for(message_path(tenant, messages[:4])[3].id)  # the user names a compacted result
     same(pol, tenant, [*messages, {"role": "assistant", "content": "done"},
-                       {"role": "user", "content": f"show me artifact:{early} again"}], monkeypatch)
+                       {"role": "user", "content": f"show me artifact:{early} again"}])
     for end in range(4, len(messages) + 1, 2):  # a conversation of its own: the records keep their views
         nodes = message_path(f"{tenant}-private", messages[:end])
         results = [artifact_id_for(n.id) for n in nodes if n.message.get("role") == "tool"]
         owners = {a: "bob" if (i // 3 + end // 2) % 4 == 0 else "alice" for i, a in enumerate(results)}
-        same(private, f"{tenant}-private", messages[:end], monkeypatch, owners=owners, participant="alice")
+        same(private, f"{tenant}-private", messages[:end], owners=owners, participant="alice")

@@ -20,7 +20,6 @@ a message answered whole (`message_events`), an error event's UpstreamError (`ev
 """
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, Mapping
 
@@ -31,6 +30,7 @@ from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler, get_async_h
 from gateway.errors import InvalidRequest, UpstreamError, UpstreamInvalidResponse, upstream_error_for_status
 from gateway.upstream.errors import client_message
 from gateway.upstream.litellm_client.base import litellm
+from policies.memo import memo
 
 
 class BodyFields(AsyncHTTPHandler):
@@ -49,7 +49,7 @@ class BodyFields(AsyncHTTPHandler):
         return await super().post(url, data, *args, **kwargs)
 
 
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _native(model: str, custom_provider: str | None, api_base: str | None) -> tuple[bool, bool]:
     """Whether LiteLLM serves the deployment on its native Messages route, and whether that route signs
     the body."""

@@ -8,7 +8,6 @@ turns the transport off.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import os
@@ -28,6 +27,7 @@ from gateway.errors import UpstreamError
 from gateway.upstream.direct_chat import DirectCall, EndedWithoutFinish, ErrorEvent, Repetition
 from gateway.upstream.litellm_client.base import PRICING_KEYS, litellm, map_error
 from gateway.upstream.litellm_client.chat_preparation import MessageMemo, Prepared, message_steps
+from policies.memo import memo
 
 # litellm_params a direct deployment may hold: anything else is something LiteLLM would act on.
 _DIRECT_KEYS = frozenset({"model", "api_base", "api_key", "extra_headers", "timeout"}) | PRICING_KEYS
@@ -82,7 +82,7 @@ def direct_route(litellm_params: Mapping[str, Any]) -> _DirectRoute | None:
     return _resolve_direct_route(str(litellm_params["model"]), api_base, api_key)
 
 
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _resolve_direct_route(model: str, api_base: str, api_key: str) -> _DirectRoute | None:
     try:
         name, provider, _key, base = litellm.get_llm_provider(model, api_base=api_base, api_key=api_key)

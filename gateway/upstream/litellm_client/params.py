@@ -18,7 +18,6 @@ gateway (`server_url: litellm_proxy...`), which LiteLLM would try to expand in t
 """
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any, Callable, Iterable, Mapping
 
@@ -29,6 +28,7 @@ from litellm.types.utils import all_litellm_params
 
 from gateway.errors import InvalidRequest
 from gateway.upstream.litellm_client.base import litellm
+from policies.memo import memo
 
 # OpenAI's documented Chat Completions parameters LiteLLM maps for the deployment's provider (or
 # refuses, for a provider it cannot map them to).
@@ -104,7 +104,7 @@ LITELLM_OPTIONS = litellm_option_names() - _DOCUMENTED
 _OPENAI_WIRE = frozenset({"openai", "custom_openai", "text-completion-openai", *litellm.openai_compatible_providers})
 
 
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def chat_by_name(model: str, custom_provider: str | None) -> Callable[[str], bool]:
     """Which chat fields LiteLLM takes by name for a deployment: OpenAI's documented ones (`CHAT`) it maps
     for the provider (all of them, for a provider of another wire format: LiteLLM maps them or refuses

@@ -6,11 +6,11 @@ map for its model; `usage_cost` prices a run's usage (Chat's shape) with them.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping
 
 from gateway.upstream.litellm_client.base import litellm
 from gateway.upstream.seam import Prices
+from policies.memo import memo
 
 
 def deployment_prices(litellm_params: Mapping[str, Any]) -> Prices | None:
@@ -47,7 +47,7 @@ def _model_info(model: str) -> dict[str, Any] | None:
         return None
 
 
-@functools.lru_cache(maxsize=256)
+@memo(maxsize=256)
 def _map_prices(model: str) -> Prices | None:
     info = _model_info(model)
     if info is None and model.startswith("openai/"):
