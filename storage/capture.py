@@ -91,7 +91,7 @@ _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
 class _Written(NamedTuple):
     """What a capture's transaction found and wrote."""
 
-    session_id: str
+    tree_id: str
     conversation: str
     new_node_ids: tuple[str, ...]
     new_artifact_ids: tuple[str, ...]
@@ -136,7 +136,7 @@ class Capture(PathReads, RunOutcomes):
 
     def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> _Written:
         tenant = run.tenant
-        session_id = path[0].id
+        tree_id = path[0].id
         conversation = conversation_id_for(tenant, run.session_label, path, run.request_id)
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
@@ -160,7 +160,7 @@ class Capture(PathReads, RunOutcomes):
             if asked is not calls_of:
                 open_calls, calls_of = _open_calls(asked), asked
             new.append(node)
-            row, artifact, raw = self._node_rows(tenant, session_id, node, open_calls, run, now)
+            row, artifact, raw = self._node_rows(tenant, tree_id, node, open_calls, run, now)
             node_rows.append(row)
             if artifact is not None:
                 artifact_rows.append(artifact)
@@ -175,8 +175,8 @@ class Capture(PathReads, RunOutcomes):
         self._insert_ignoring_conflicts(connection, ConversationNode, [
             {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
         ])
-        connection.execute(_INSERT_RUN, [self._run_row(run, session_id, conversation, path, parent)])
-        return _Written(session_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows))
+        connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
+        return _Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows))
 
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
                             written: _Written) -> IngestResult:
@@ -191,7 +191,7 @@ class Capture(PathReads, RunOutcomes):
         # retry) continues the one it repeats.
         previous = self._previous_run(connection, [n.id for n in path])
         return IngestResult(
-            session_id=written.session_id,
+            tree_id=written.tree_id,
             conversation_id=conversation,
             new_node_ids=written.new_node_ids,
             new_artifact_ids=written.new_artifact_ids,
@@ -215,12 +215,12 @@ class Capture(PathReads, RunOutcomes):
         parent = connection.execute(_PARENT_RUN, {"id": run.parent_request_id}).first()
         return parent if parent is not None and parent.tenant == run.tenant else None
 
-    def _run_row(self, run: RunStart, session_id: str, conversation: str,
+    def _run_row(self, run: RunStart, tree_id: str, conversation: str,
                  path: Sequence[PathNode], parent: Any = None) -> dict[str, Any]:
         return dict(
             id=run.request_id,
             tenant=run.tenant,
-            session_id=session_id,
+            session_id=tree_id,  # the column of the tree
             session_label=run.session_label,
             conversation_id=conversation,
             participant=run.participant,
@@ -274,7 +274,7 @@ class Capture(PathReads, RunOutcomes):
     def _node_rows(
         self,
         tenant: str,
-        session_id: str,
+        tree_id: str,
         node: PathNode,
         calls: _OpenCalls,
         run: RunStart,
@@ -288,13 +288,13 @@ class Capture(PathReads, RunOutcomes):
         raw = b""
         if role == "tool":
             artifact_id = artifact_id_for(node.id)
-            artifact, raw = self._artifact_row(tenant, session_id, node, artifact_id, calls, run, now)
+            artifact, raw = self._artifact_row(tenant, tree_id, node, artifact_id, calls, run, now)
             message.pop("content", None)  # the artifact holds it, byte-exact
         row = {
             "id": node.id,
             "tenant": tenant,
             "parent_id": node.parent_id,
-            "session_id": session_id,
+            "session_id": tree_id,  # the column of the tree
             "depth": node.position,
             "role": role,
             "message_json": self.encryption.seal_text(fast_canonical_json(message), node_aad(node.id)),
@@ -308,7 +308,7 @@ class Capture(PathReads, RunOutcomes):
     def _artifact_row(
         self,
         tenant: str,
-        session_id: str,
+        tree_id: str,
         node: PathNode,
         artifact_id: str,
         calls: _OpenCalls,
@@ -332,7 +332,7 @@ class Capture(PathReads, RunOutcomes):
             "id": artifact_id,
             "tenant": tenant,
             "node_id": node.id,
-            "session_id": session_id,
+            "session_id": tree_id,  # the column of the tree
             "tool_call_id": call_id,
             "tool_call_pk": tool_call_pk(call_node_id, call_id) if call_node_id else None,
             "tool_name": function.get("name"),

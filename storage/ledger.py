@@ -25,7 +25,7 @@ _LEDGER = SavingsLedgerDay.__table__
 
 def session_key_column() -> ColumnElement[Any]:
     """The session a run counts under in the ledger: its label, else its conversation."""
-    return func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id)
+    return func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.tree_id)
 
 
 def run_sums(*conditions: Any) -> Any:

@@ -205,7 +205,7 @@ class Reads(StoreBase):
             query = query.where(ModelRun.tenant == tenant)
         if session_key is not None:
             query = query.where(
-                func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.session_id) == session_key
+                func.coalesce(ModelRun.session_label, ModelRun.conversation_id, ModelRun.tree_id) == session_key
             )
         with Session(self.engine) as session:
             return [run_as_dict(row, self.encryption) for row in session.scalars(query)]

@@ -71,7 +71,7 @@ class RunOutcome:
 
 @dataclass(frozen=True)
 class IngestResult:
-    session_id: str  # the message tree's root (lineage)
+    tree_id: str  # the message tree's root (lineage)
     conversation_id: str  # the unit users see, count and delete
     new_node_ids: tuple[str, ...]
     new_artifact_ids: tuple[str, ...]
@@ -89,7 +89,7 @@ class IngestResult:
 class ArtifactRecord:
     id: str
     tenant: str
-    session_id: str
+    tree_id: str
     node_id: str
     tool_call_id: str
     tool_name: str | None
@@ -113,7 +113,8 @@ class ArtifactRecord:
             "id": self.id,
             "object": "tool_artifact",
             "tenant": self.tenant,
-            "session_id": self.session_id,
+            "tree_id": self.tree_id,
+            "session_id": self.tree_id,  # the tree's former name, kept for API clients
             "node_id": self.node_id,
             "tool_call_id": self.tool_call_id,
             "tool_name": self.tool_name,
@@ -165,7 +166,7 @@ def artifact_from_row(row: ToolArtifact, encryption: EncryptionKeys) -> Artifact
     return ArtifactRecord(
         id=row.id,
         tenant=row.tenant,
-        session_id=row.session_id,
+        tree_id=row.tree_id,
         node_id=row.node_id,
         tool_call_id=row.tool_call_id,
         tool_name=row.tool_name,
@@ -199,7 +200,8 @@ def run_as_dict(row: ModelRun, encryption: EncryptionKeys) -> dict[str, Any]:
         "id": row.id,
         "object": "model_run",
         "tenant": row.tenant,
-        "session_id": row.session_id,
+        "tree_id": row.tree_id,
+        "session_id": row.tree_id,  # the tree's former name, kept for API clients
         "session_label": row.session_label,
         "conversation_id": row.conversation_id,
         "participant": row.participant,

@@ -38,7 +38,7 @@ class MessageNode(Base):
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     tenant: Mapped[str] = mapped_column(TENANT, index=True)
     parent_id: Mapped[str | None] = mapped_column(ID, index=True)
-    session_id: Mapped[str] = mapped_column(ID, index=True)
+    tree_id: Mapped[str] = mapped_column("session_id", ID, index=True)  # the column's name is older than the word
     depth: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(32))
     message_json: Mapped[str] = mapped_column(Text)  # sealed when a key is set
@@ -55,12 +55,12 @@ class ModelRun(Base):
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)  # the request id
     tenant: Mapped[str] = mapped_column(TENANT, index=True)
-    session_id: Mapped[str] = mapped_column(ID, index=True)
+    tree_id: Mapped[str] = mapped_column("session_id", ID, index=True)  # the column's name is older than the word
     session_label: Mapped[str | None] = mapped_column(String(256))
     # The conversation: the unit users see, count and delete. `conv_<hash of tenant and label>`
     # for a session label, else its first exchange (policies.transcript.conversation_id_for): a run
     # before any answer is its own (its request id) until its answer moves it into the conversation
-    # that answer opens. Agents that share a system prompt share a tree (`session_id`), not a conversation.
+    # that answer opens. Agents that share a system prompt share a tree (`tree_id`), not a conversation.
     conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
     participant: Mapped[str] = mapped_column(String(256))
     parent_request_id: Mapped[str | None] = mapped_column(ID, index=True)
@@ -123,7 +123,7 @@ class ToolArtifact(Base):
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     tenant: Mapped[str] = mapped_column(TENANT, index=True)
     node_id: Mapped[str] = mapped_column(ID, ForeignKey("message_nodes.id"), unique=True)
-    session_id: Mapped[str] = mapped_column(ID, index=True)
+    tree_id: Mapped[str] = mapped_column("session_id", ID, index=True)  # the column's name is older than the word
     tool_call_id: Mapped[str] = mapped_column(String(256))
     tool_call_pk: Mapped[str | None] = mapped_column(ID)
     tool_name: Mapped[str | None] = mapped_column(String(256))

@@ -103,7 +103,8 @@ def test_deleting_one_of_two_conversations_sharing_a_system_prompt_leaves_the_ot
     two = send(gateway, [SYSTEM, *conversation("Build project B.")], label=labels[1])
     two_again = send(gateway, [SYSTEM, *conversation("Build project B."), {"role": "assistant", "content": "built"},
                                {"role": "user", "content": "thanks"}], label=labels[1])
-    assert one["session_id"] == two["session_id"]  # one tree: the same system prompt
+    assert one["tree_id"] == two["tree_id"]  # one tree: the same system prompt
+    assert one["session_id"] == one["tree_id"]  # the tree's former name, still given
     sessions = ledger_sessions(gateway)
     key = labels[0] or one["conversation_id"]
     other = labels[1] or two["conversation_id"]
