@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from gateway.api.model_routes import check_model_name, model_names
 from gateway.errors import InvalidRequest, ModelNotFound, NotFound
 from gateway.pipeline import request_path as pipeline
 from gateway.services import PrincipalDep, ServicesDep
@@ -33,9 +34,14 @@ def _split(target: str) -> tuple[str, str]:
     if method not in _METHODS:
         raise NotFound(f"Unknown method '{method}': this gateway serves {', '.join(_METHODS)}.",
                        code="unknown_url")
+    return _plain_name(model), method
+
+
+def _plain_name(model: str) -> str:
+    """A model name as it may stand in a path (what a wildcard may take), or ModelNotFound."""
     if not _MODEL.fullmatch(model) or ".." in model:
         raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
-    return model, method
+    return model
 
 
 def _sse(request: Request) -> bool:
@@ -64,15 +70,10 @@ def _model_entry(name: str) -> dict[str, Any]:
 @router.get("/v1beta/models")
 async def list_models(principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
     """The model names the caller may use, in Google's list shape (wildcard entries by their pattern)."""
-    allowed = principal.tenant.models if principal.tenant else None
-    names = dict.fromkeys(m.name for m in services.settings.models)
-    return {"models": [_model_entry(name) for name in names if allowed is None or name in allowed]}
+    return {"models": [_model_entry(name) for name in model_names(principal, services)]}
 
 
 @router.get("/v1beta/models/{model}")
 async def get_model(model: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    entry = services.settings.model(model) if _MODEL.fullmatch(model) else None
-    allowed = principal.tenant.models if principal.tenant else None
-    if entry is None or (allowed is not None and entry.name not in allowed):
-        raise ModelNotFound(f"The model '{model}' does not exist or you do not have access to it.", param="model")
+    check_model_name(_plain_name(model), principal, services)
     return _model_entry(model)

@@ -6,11 +6,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from gateway.access.auth import Principal
 from gateway.api import passthrough
 from gateway.errors import ModelNotFound, NotFound, PermissionDenied
 from gateway.pipeline import request_path as pipeline
 from gateway.pipeline.run_recorder import outcomes_written
-from gateway.services import PrincipalDep, ServicesDep
+from gateway.services import PrincipalDep, Services, ServicesDep
 from gateway.threads import off_loop
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
 from gateway.wire.openai_chat import OPENAI_CHAT
@@ -82,26 +83,33 @@ async def completions(request: Request, services: ServicesDep) -> Response:
     return await passthrough.handle(request, services, "completions")
 
 
-@router.get("/v1/models/{model_id:path}")
-@router.get("/models/{model_id:path}", include_in_schema=False)
-async def retrieve_model(model_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    """One model name the caller may use (an exact entry, or a name a wildcard entry matches)."""
+def check_model_name(model_id: str, principal: Principal, services: Services) -> None:
+    """ModelNotFound unless the caller may use the name (an exact entry, or a name a wildcard entry matches)."""
     model = services.settings.model(model_id)
     allowed = principal.tenant.models if principal.tenant else None
     if model is None or (allowed is not None and model.name not in allowed):
         raise ModelNotFound(f"The model '{model_id}' does not exist or you do not have access to it.",
                             param="model")
+
+
+def model_names(principal: Principal, services: Services) -> list[str]:
+    """The config's model names the caller may use, a model of several deployments once."""
+    allowed = principal.tenant.models if principal.tenant else None
+    names = dict.fromkeys(m.name for m in services.settings.models)
+    return [name for name in names if allowed is None or name in allowed]
+
+
+@router.get("/v1/models/{model_id:path}")
+@router.get("/models/{model_id:path}", include_in_schema=False)
+async def retrieve_model(model_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    """One model name the caller may use."""
+    check_model_name(model_id, principal, services)
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "context-gateway"}
 
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)
 async def list_models(principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    allowed = principal.tenant.models if principal.tenant else None
-    names = dict.fromkeys(m.name for m in services.settings.models)  # a model of several deployments once
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": "context-gateway"}
-        for name in names
-        if allowed is None or name in allowed
-    ]
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "context-gateway"}
+            for name in model_names(principal, services)]
     return {"object": "list", "data": data}

@@ -19,21 +19,16 @@ from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.exchange.dialect import Answer, Completion, Dialect, GatewayTool
 from gateway.exchange.driver import Exchange
 from gateway.wire import gemini as wire
-from gateway.wire.gemini import candidate_parts, chunk_json, error_body, run_usage
+from gateway.wire.gemini import candidate_parts, chunk_json, error_body, first_candidate, run_usage
 
 
 def _is_call(part: dict[str, Any]) -> bool:
     return isinstance(part.get("functionCall"), dict)
 
 
-def _first_candidate(answer: Answer) -> dict[str, Any]:
-    candidates = answer.get("candidates")
-    return candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) else {}
-
-
 def _with_parts(answer: Answer, parts: list[dict[str, Any]], **candidate: Any) -> dict[str, Any]:
     """The answer with its first candidate's parts (and `candidate`'s fields) replaced."""
-    first = _first_candidate(answer)
+    first = first_candidate(answer)
     content = {**(first.get("content") or {}), "role": "model", "parts": parts}
     rest = answer.get("candidates")[1:] if isinstance(answer.get("candidates"), list) else []
     return {**answer, "candidates": [{**first, "content": content, **candidate}, *rest]}
@@ -74,7 +69,7 @@ class GeminiDialect(Dialect):
         if usage is not None:
             final["usageMetadata"] = {**(answer.get("usageMetadata") or {}), **usage}
         return Completion(body=final, usage=run_usage(final.get("usageMetadata")),
-                          finish_reason=_first_candidate(final).get("finishReason"))
+                          finish_reason=first_candidate(final).get("finishReason"))
 
     def stream(self, exchange: Exchange) -> "GeminiStream":
         return GeminiStream(exchange.client.sse)
@@ -107,14 +102,14 @@ class GeminiStream:
         closing = _with_parts({**self.head, "candidates": [candidate]}, held or [{"text": ""}])
         if usage is not None:
             closing["usageMetadata"] = usage
-        self.final = _with_parts({**closing}, self.shown)
+        self.final = _with_parts(closing, self.shown)
         yield self.frame(closing)
 
     @property
     def completion(self) -> Completion:
         usage = self.final.get("usageMetadata")
         return Completion(body=self.final, usage=run_usage(usage),
-                          finish_reason=_first_candidate(self.final).get("finishReason"))
+                          finish_reason=first_candidate(self.final).get("finishReason"))
 
     def terminal(self) -> bytes:
         if self.sse:
@@ -136,7 +131,6 @@ class GeminiRound:
     def __init__(self, stream: GeminiStream) -> None:
         self.stream = stream
         self.parts: list[dict[str, Any]] = []  # every part of the round, in order
-        self.held: list[dict[str, Any]] = []
         self.candidate: dict[str, Any] = {}  # the latest chunk's first candidate (its finishReason...)
         self.usage: dict[str, Any] | None = None
         self.answered = False
@@ -144,7 +138,7 @@ class GeminiRound:
     def read(self, event: dict[str, Any]) -> Iterator[bytes]:
         if not self.stream.head:
             self.stream.head = {k: v for k, v in event.items() if k in ("modelVersion", "responseId")}
-        candidate = _first_candidate(event)
+        candidate = first_candidate(event)
         if candidate:
             self.candidate = {**self.candidate, **candidate}
         if isinstance(event.get("usageMetadata"), dict):
@@ -153,12 +147,16 @@ class GeminiRound:
             self.answered = True
         parts = candidate_parts(event)
         self.parts += parts
-        self.held += [p for p in parts if _is_call(p)]
         shown = [p for p in parts if not _is_call(p) and p != {"text": ""}]  # an empty text shows nothing
         if shown:
             self.stream.shown += shown
             bare = {k: v for k, v in candidate.items() if k not in ("finishReason", "content")}
             yield self.stream.frame(_with_parts({**self.stream.head, "candidates": [bare]}, shown))
+
+    @property
+    def held(self) -> list[dict[str, Any]]:
+        """The round's functionCall parts: held until it ends."""
+        return [p for p in self.parts if _is_call(p)]
 
     def finish(self) -> Answer:
         if not self.answered:

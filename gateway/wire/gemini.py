@@ -108,17 +108,14 @@ def _tool_message(response: dict[str, Any], call_id: str) -> dict[str, Any]:
     rest = {k: v for k, v in response.items() if k not in ("name", "id")}
     message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "name": response["name"]}
     result = rest.get("response")
-    if set(rest) == {"response"} and len(result) == 1 and isinstance(next(iter(result.values())), str):
-        field = next(iter(result))
-        if field in ("output", "error"):
-            message["content"], message["result_field"] = result[field], field
-            if field == "error":
-                message["is_error"] = True
-            if "id" not in response:
-                message["unnamed"] = True
-            return message
-    message["content"] = json.dumps(rest, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    message["result_field"] = "json"
+    field, text = next(iter(result.items())) if set(rest) == {"response"} and len(result) == 1 else (None, None)
+    if field in ("output", "error") and isinstance(text, str):
+        message["content"], message["result_field"] = text, field
+        if field == "error":
+            message["is_error"] = True
+    else:
+        message["content"] = json.dumps(rest, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        message["result_field"] = "json"
     if "id" not in response:
         message["unnamed"] = True
     return message
@@ -365,10 +362,15 @@ def run_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
             "prompt_tokens_details": {"cached_tokens": usage.get("cachedContentTokenCount") or 0}}
 
 
+def first_candidate(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """An answer's first candidate ({} if it has none): the one whose turn the transcript goes on with."""
+    candidates = answer.get("candidates")
+    return candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) else {}
+
+
 def candidate_parts(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The first candidate's parts (the gateway asks for one candidate's worth of transcript)."""
-    candidates = answer.get("candidates")
-    first = candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) else {}
+    first = first_candidate(answer)
     parts = (first.get("content") or {}).get("parts") if isinstance(first.get("content"), dict) else None
     return [p for p in parts if isinstance(p, dict)] if isinstance(parts, list) else []
 
