@@ -21,12 +21,14 @@ from gateway.access.budgets import Budgets
 from gateway.access.dashboard_sessions import SessionSigner
 from gateway.access.key_cache import DatabaseKeys
 from gateway.api import admin as admin_api
+from gateway.api import evaluation as evaluation_api
 from gateway.api import gemini_routes, model_routes
 from gateway.api import keys as keys_api
 from gateway.api import records as records_api
 from gateway.config import Settings, load_settings, tenant_policies
 from gateway.dashboard import pages as dashboard
 from gateway.dashboard.headers import DashboardHeaders
+from gateway.evaluation.shadows import Shadows
 from gateway.edge.boundaries import ErrorBoundary, RequestSanity, StartupFailures, refusal
 from gateway.edge.connections import GATE_STATE, ConnectionGate, usable_connections
 from gateway.edge.request_bodies import BodyBudget, RequestBodies
@@ -175,6 +177,7 @@ class _Lifespan:
                  upstream: UpstreamClient | None, store: RecordStore | None, clock: Callable[[], float]) -> None:
         self.settings, self.metrics, self.tracing, self.gate = settings, metrics, tracing, gate
         self.upstream, self.store, self.clock = upstream, store, clock
+        self.shadows: Shadows | None = None
 
     @asynccontextmanager
     async def __call__(self, app: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -203,6 +206,7 @@ class _Lifespan:
         client = self.client = RoutedUpstream(traced, settings, counters.limiter)
         await client.warm_up()
         await aside(encoding)  # tiktoken's first load takes a few hundred ms
+        self.shadows = Shadows(client, record_store, clock)
         app.state.services = Services(
             settings=settings,
             store=record_store,
@@ -216,6 +220,7 @@ class _Lifespan:
             budgets=Budgets(counters.spend, record_store, clock),
             tracing=tracing,
             redis=counters.redis,
+            shadows=self.shadows,
         )
         log_started(settings, app.state.services.policies)
         self.beating = asyncio.create_task(housekeeping.run_forever())
@@ -246,6 +251,8 @@ class _Lifespan:
         if self.probing is not None:
             self.probing.cancel()
         await self.counters.close()
+        if self.shadows is not None:
+            await self.shadows.stop()  # before the upstream client closes under them
         if self.upstream is None:
             await self.client.aclose()  # the direct transport's connection pool
         if self.owned_store:
@@ -279,6 +286,7 @@ def _add_routes(app: FastAPI, settings: Settings, metrics: GatewayMetrics) -> No
     app.include_router(model_routes.router)
     app.include_router(gemini_routes.router)
     app.include_router(records_api.router)
+    app.include_router(evaluation_api.router)
     app.include_router(dashboard.router)
     app.include_router(admin_api.router)
     app.include_router(keys_api.router)

@@ -10,6 +10,7 @@ from gateway.access.auth import KeyRing, Principal, api_key_beside_bearer, authe
 from gateway.access.budgets import Budgets
 from gateway.access.dashboard_sessions import COOKIE, SessionSigner, signed_in
 from gateway.config import Settings
+from gateway.evaluation.shadows import Shadows
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.tracing import OFF, Tracing
 from gateway.pipeline.assembly_bases import RecentAssemblies
@@ -37,6 +38,7 @@ class Services:
     node_ids: NodeIds = field(default_factory=NodeIds)  # node ids of messages seen before, by their exact JSON
     tracing: Tracing = OFF  # spans of model requests (gateway/ops/tracing.py)
     redis: RedisLink | None = None  # behind the limiter and the budgets' counters, when configured
+    shadows: Shadows | None = None  # shadow comparisons (gateway/evaluation/shadows.py)
 
 
 async def get_services(request: Request) -> Services:

@@ -226,6 +226,20 @@ class Redaction(_Strict):
         return self.redactor.redact_value if self.stored and self.redactor else None
 
 
+class Evaluation(_Strict):
+    """Whether the projection changes what the agents do (gateway/evaluation/).
+
+    `holdout_share` of conversations, chosen by a stable hash of the conversation and kept for its whole
+    life, are forwarded as the client sent them (captured and recorded as usual): the control arm.
+    `shadow_share` of projected requests are sent again unprojected to the same deployment after the client
+    has its answer, and the two next actions compared; a day's shadow spend stops at
+    `shadow_budget_usd_per_day` (UTC days; 0 spends nothing, so no shadows)."""
+
+    holdout_share: float = Field(0.0, ge=0, le=1)
+    shadow_share: float = Field(0.0, ge=0, le=1)
+    shadow_budget_usd_per_day: float = Field(1.0, ge=0)
+
+
 class Policy(_Strict):
     schema_version: Literal[1] = 1
     name: str = Field(min_length=1)
@@ -241,11 +255,19 @@ class Policy(_Strict):
     rehydration: Rehydration = Rehydration()
     redaction: Redaction = Redaction()
     tools: list[ToolRule] = Field(default_factory=list)
+    evaluation: Evaluation = Evaluation()
 
     @cached_property
     def fingerprint(self) -> str:
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    @cached_property
+    def held_out(self) -> "Policy":
+        """This policy with its projection turned off, for the evaluation's held-out arm: the transcript
+        forwarded as sent, no gateway tool, no cache markers of the gateway's, no budget cut."""
+        return Policy.model_validate({**self.model_dump(), "enabled": False, "cache_markers": False,
+                                      "budget": {"max_prompt_tokens": None}})
 
     @property
     def version_label(self) -> str:

@@ -237,6 +237,8 @@ class Capture(PathReads, RunOutcomes):
             status="pending",
             key_id=self.encryption.current_id,
             started_at=run.started_at,
+            evaluation_arm=run.evaluation_arm,
+            policy_version=run.policy_version,
         )
 
     def _write_blobs(self, connection: Connection, blobs: dict[str, bytes], now: datetime) -> None:

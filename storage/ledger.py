@@ -18,7 +18,7 @@ from storage.record_types import as_utc
 from storage.schema import ModelRun, SavingsLedgerDay
 
 SUMMED = ("tokens_sent", "tokens_forwarded", "prompt_tokens", "cached_tokens", "cache_write_tokens",
-          "completion_tokens", "cost_usd", "cost_original_usd")
+          "completion_tokens", "cost_usd", "cost_original_usd", "evaluation_cost_usd")
 ROW_KEYS = ("tenant", "model", "session", "day", "requests", *SUMMED, "first_at", "last_at")
 _LEDGER = SavingsLedgerDay.__table__
 
@@ -38,7 +38,7 @@ def run_sums(*conditions: Any) -> Any:
             func.count(), func.sum(ModelRun.tokens_original), func.sum(ModelRun.tokens_forwarded),
             func.sum(ModelRun.prompt_tokens), func.sum(ModelRun.cached_tokens),
             func.sum(ModelRun.cache_write_tokens), func.sum(ModelRun.completion_tokens),
-            func.sum(ModelRun.cost_usd), func.sum(ModelRun.cost_original_usd),
+            func.sum(ModelRun.cost_usd), func.sum(ModelRun.cost_original_usd), func.sum(ModelRun.shadow_cost_usd),
             func.min(ModelRun.started_at), func.max(ModelRun.started_at),
         )
         .where(ModelRun.status == "ok", *conditions)

@@ -38,6 +38,8 @@ class RunStart:
     # Applied to each new tool result's content before it is stored: (content, {kind: count}).
     # The policy decides (policies/policy.py, `redaction.stored`); None stores what was sent.
     redact: Callable[[Any], tuple[Any, Mapping[str, int]]] | None = None
+    evaluation_arm: str | None = None  # "projected" | "holdout" (gateway/evaluation/arms.py)
+    policy_version: str | None = None  # the tenant's policy, as evaluated (the same in both arms)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class RunOutcome:
     # The answer as its client will send it back (the neutral transcript's assistant message), given for
     # a run before any answer: it moves into the conversation this answer opens (storage/conversations.py).
     answer: Mapping[str, Any] | None = None
+    # Outcome signals of an answer (gateway/evaluation/signals.py: answer_calls, repeated_calls, final_answer,
+    # tool_results, tool_errors, rehydrations); None for a run that did not answer.
+    signals: Mapping[str, int | bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -235,4 +240,23 @@ def run_as_dict(row: ModelRun, encryption: EncryptionKeys) -> dict[str, Any]:
         "response": json.loads(response) if response else None,
         "started_at": as_utc(row.started_at).isoformat(),
         "finished_at": as_utc(row.finished_at).isoformat() if row.finished_at else None,
+        "evaluation_arm": row.evaluation_arm,
+        "evaluation": evaluation_as_dict(row),
+    }
+
+
+def evaluation_as_dict(row: ModelRun) -> dict[str, Any] | None:
+    """A run's evaluation: its arm, policy version, outcome signals and shadow comparison (None before any)."""
+    if row.evaluation_arm is None:
+        return None
+    shadow = None
+    if row.shadow_status is not None:
+        shadow = {"status": row.shadow_status, "same_action": row.shadow_same_action,
+                  "similarity": row.shadow_similarity, "cost_usd": row.shadow_cost_usd}
+    return {
+        "arm": row.evaluation_arm,
+        "policy_version": row.policy_version,
+        "signals": {name: getattr(row, name) for name in (
+            "answer_calls", "repeated_calls", "final_answer", "tool_results", "tool_errors", "rehydrations")},
+        "shadow": shadow,
     }

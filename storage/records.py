@@ -19,6 +19,7 @@ from sqlalchemy import text
 from storage.api_keys import KeyRecords
 from storage.capture import Capture
 from storage.dashboard_sessions import DashboardSessions
+from storage.evaluations import Evaluations
 from storage.instances import Instances
 from storage.purge import Purge
 from storage.reads import Reads
@@ -28,7 +29,7 @@ from storage.retention import Retention
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
-class RecordStore(Capture, Reads, Retention, Purge, Instances, KeyRecords, DashboardSessions, Rotation):
+class RecordStore(Capture, Reads, Retention, Purge, Instances, KeyRecords, DashboardSessions, Rotation, Evaluations):
     def create_schema(self) -> None:
         """Bring the database to the latest schema (Alembic migrations in storage/migrations).
 

@@ -19,6 +19,7 @@ from storage.schema import ContextAssembly, ForwardedMessage, ModelRun
 _RUNS = ModelRun.__table__
 # How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
 _KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
+SIGNALS = ("answer_calls", "repeated_calls", "final_answer", "tool_results", "tool_errors", "rehydrations")
 _FINISH_RUN = (
     update(_RUNS)
     .where(_RUNS.c.id == bindparam("request_id"), _RUNS.c.status.in_(("pending", "interrupted")))
@@ -27,7 +28,7 @@ _FINISH_RUN = (
             "status", "latency_ms", "http_status", "error_type", "error_message", "prompt_tokens",
             "completion_tokens", "cached_tokens", "total_tokens", "cost_usd", "cost_original_usd",
             "tokens_original", "tokens_forwarded", "cache_write_tokens", "finish_reason", "response_json",
-            "key_id", "finished_at")},
+            "key_id", "finished_at", *SIGNALS)},
         **{name: func.coalesce(bindparam(name, type_=_RUNS.c[name].type), _RUNS.c[name]) for name in _KEPT_UNLESS_GIVEN},
     })
     .returning(_RUNS.c.tenant, _RUNS.c.conversation_id, _RUNS.c.leaf_node_id)
@@ -66,6 +67,8 @@ class RunOutcomes(Conversations):
             "upstream_model": outcome.upstream_model,
             "attempts_json": fast_canonical_json(list(outcome.attempts)) if len(outcome.attempts) > 1 else None,
         }
+        signals = outcome.signals or {}
+        values |= {name: signals.get(name) for name in SIGNALS}
         # What the assembly stores is worked out before the write lock is taken (SQLite: one writer).
         replaced = self._replacements(assembly) if assembly is not None else []
         assembly_row = assembly_to_row(request_id, "", assembly) if assembly is not None else None

@@ -97,6 +97,25 @@ class ModelRun(Base):
     key_id: Mapped[str | None] = mapped_column(String(16))  # what error_message and response_json are sealed under
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Evaluation (gateway/evaluation/): the arm of its conversation ("projected" | "holdout") and the
+    # tenant's policy version it was evaluated under (the same in both arms).
+    evaluation_arm: Mapped[str | None] = mapped_column(String(16))
+    policy_version: Mapped[str | None] = mapped_column(String(64))
+    # Outcome signals read from the request and its answer: the answer's calls, those repeating an earlier
+    # call of the conversation (same tool, same arguments), whether it is a final answer, the tool results
+    # the request brought (and how many report an error), the artifacts put back raw in hidden rounds.
+    answer_calls: Mapped[int | None] = mapped_column(Integer)
+    repeated_calls: Mapped[int | None] = mapped_column(Integer)
+    final_answer: Mapped[bool | None] = mapped_column(Boolean)
+    tool_results: Mapped[int | None] = mapped_column(Integer)
+    tool_errors: Mapped[int | None] = mapped_column(Integer)
+    rehydrations: Mapped[int | None] = mapped_column(Integer)
+    # A shadow comparison (the request sent again unprojected after the client had its answer): how it
+    # ended (ok | error | over_budget | busy), whether the next actions agreed, their similarity, its cost.
+    shadow_status: Mapped[str | None] = mapped_column(String(16))
+    shadow_same_action: Mapped[bool | None] = mapped_column(Boolean)
+    shadow_similarity: Mapped[float | None] = mapped_column(Float)
+    shadow_cost_usd: Mapped[float | None] = mapped_column(Float)
 
 
 class ToolCall(Base):
@@ -289,6 +308,7 @@ class SavingsLedgerDay(Base):
     completion_tokens: Mapped[int | None] = mapped_column(BigInteger)
     cost_usd: Mapped[float | None] = mapped_column(Float)
     cost_original_usd: Mapped[float | None] = mapped_column(Float)
+    evaluation_cost_usd: Mapped[float | None] = mapped_column(Float)  # shadow comparisons: never savings
     first_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

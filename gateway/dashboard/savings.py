@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from gateway.errors import InvalidRequest
 
 _SUMMED = ("requests", "tokens_sent", "tokens_forwarded", "prompt_tokens", "cached_tokens",
-           "cache_write_tokens", "completion_tokens", "cost_usd", "cost_original_usd")
+           "cache_write_tokens", "completion_tokens", "cost_usd", "cost_original_usd", "evaluation_cost_usd")
 
 
 def parse_moment(value: str | None, name: str, *, end: bool = False) -> datetime | None:
@@ -31,7 +31,8 @@ def parse_moment(value: str | None, name: str, *, end: bool = False) -> datetime
 
 
 def _empty() -> dict[str, Any]:
-    return {key: 0 for key in _SUMMED} | {"cost_usd": 0.0, "cost_original_usd": 0.0, "priced_requests": 0}
+    return {key: 0 for key in _SUMMED} | {"cost_usd": 0.0, "cost_original_usd": 0.0, "evaluation_cost_usd": 0.0,
+                                          "priced_requests": 0}
 
 
 def _add(into: dict[str, Any], row: dict[str, Any]) -> None:
@@ -49,6 +50,8 @@ def _finish(entry: dict[str, Any]) -> dict[str, Any]:
         **entry,
         "cost_usd": cost,
         "cost_original_usd": original,
+        # Shadow comparisons' spend (gateway/evaluation/shadows.py): a line of its own, never in the savings.
+        "evaluation_cost_usd": round(entry["evaluation_cost_usd"], 6),
         "tokens_saved": saved_tokens,
         "tokens_saved_share": round(saved_tokens / entry["tokens_sent"], 4) if entry["tokens_sent"] else 0.0,
         "saved_usd": round(saved_usd, 6),

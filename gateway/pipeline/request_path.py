@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Sequence
 
 from fastapi import Request
@@ -17,6 +18,8 @@ from fastapi.responses import Response
 from gateway.access.auth import Principal, api_key_beside_bearer, authenticate_async
 from gateway.config import ModelSettings, TenantSettings
 from gateway.edge.request_id import request_id_of
+from gateway.evaluation.arms import PROJECTED, arm_for, arm_policy, shadowed
+from gateway.evaluation.shadows import ShadowJob
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
@@ -260,15 +263,32 @@ def _path(services: Services, tenant: str, neutral: NeutralRequest) -> list[Path
     return services.node_ids.path(tenant, neutral.messages, neutral.digests)
 
 
+@dataclass
+class Prepared:
+    """A request captured and projected: what forwarding it needs. `policy` is the one it was projected
+    under (the held-out arm's is the tenant's with the projection off); `midway` the rehydration tool when
+    it is added where the first memory appears."""
+
+    ingest: IngestResult
+    projection: Projection
+    records: Records
+    record: AssemblyRecord
+    policy: Policy
+    midway: dict[str, Any] | None
+
+
 def _capture_and_project(services: Services, recorder: RunRecorder, policy: Policy, model: ModelSettings,
-                         tenant: str, neutral: NeutralRequest, midway: dict[str, Any] | None = None,
-                         foresee: bool = False) -> tuple[IngestResult, Projection, Records, AssemblyRecord]:
-    """The request's path in the tenant's tree, captured (the run opens), and its projection with the
-    record of its assembly; on a worker thread, in one trip. `midway`: the rehydration tool when it is
-    added where the first memory appears (the first compaction pays for it); `foresee`: the format places
-    cache markers, which go before the message the next move is expected to change."""
+                         tenant: str, neutral: NeutralRequest, wire: WireFormat) -> Prepared:
+    """The request's path in the tenant's tree, its conversation's evaluation arm (gateway/evaluation/arms.py),
+    the path captured (the run opens), and its projection with the record of its assembly; on a worker
+    thread, in one trip. Formats that place cache markers foresee the next move (markers go before the
+    message it is expected to change)."""
     run = recorder.start
     path = _path(services, tenant, neutral)
+    arm = arm_for(policy, tenant, run.session_label, path, run.request_id)
+    run = recorder.start = replace(run, evaluation_arm=arm, policy_version=policy.version_label)
+    policy = arm_policy(policy, arm)
+    midway = _midway_tool(wire, policy, model, neutral)
     started = time.perf_counter()
     with services.tracing.span("gateway.ingest", {"gateway.ingest.messages": len(path)}) as span:
         try:
@@ -282,14 +302,15 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
                              "gateway.ingest.artifacts_captured": len(ingest.new_artifact_ids)})
     ingest_ms = (time.perf_counter() - started) * 1000
     with services.tracing.span("gateway.assembly", {"gateway.policy.name": policy.name,
-                                                    "gateway.policy.version": policy.version}) as span:
+                                                    "gateway.policy.version": policy.version,
+                                                    "gateway.evaluation.arm": arm}) as span:
         projection, records, assembly_ms = project(policy, model, path, ingest, services.clock(), run.participant,
-                                                   added_tool=midway, foresee=foresee)
+                                                   added_tool=midway, foresee=wire.marks_cache and policy.cache_markers)
         if span.is_recording():
             span.set_attributes(assembly_attributes(path, projection))
     timings = {"ingest": round(ingest_ms, 3), "assemble": round(assembly_ms, 3)}
     record = assembly_record(projection, timings, run.parent_request_id, [n.message for n in path])
-    return ingest, projection, records, record
+    return Prepared(ingest, projection, records, record, policy, midway)
 
 
 async def _parse(wire: WireFormat, raw: bytes, max_messages: int) -> NeutralRequest:
@@ -335,16 +356,16 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     await services.budgets.check(principal)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)
-    policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
+    policy = tenant_policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
     run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
                            services.budgets, answer_of=wire.answer_message)
+    recorder.transcript = neutral.messages  # its outcome signals are read from it (gateway/evaluation/signals.py)
     async with recorder:
         # One trip to a worker thread: placing the messages, capturing them, assembling the projection.
-        midway = _midway_tool(wire, policy, model, neutral)
-        foresee = wire.marks_cache and policy.cache_markers
-        ingest, projection, records, record = await off_loop(
-            _capture_and_project, services, recorder, policy, model, tenant.id, neutral, midway, foresee)
+        prepared = await off_loop(_capture_and_project, services, recorder, policy, model, tenant.id, neutral, wire)
+        ingest, projection, records, record = prepared.ingest, prepared.projection, prepared.records, prepared.record
+        policy, midway = prepared.policy, prepared.midway
         recorder.accounting = Accounting(
             prices=services.upstream.prices(model.litellm_params),
             tokens_original=projection.tokens_original,
@@ -362,11 +383,26 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         }
         exchange = _exchange(services, run, request, neutral, wire, model, policy, projection, records, assembly,
                              ingest.previous_leaf_position, recorder.attempts, tenant.allowed_models, midway)
+        _shadow_when_picked(services, recorder, tenant_policy, wire, neutral, exchange)
         recorder.forwarding()
         if neutral.stream:
             return await _stream(services, exchange, recorder, headers)
         completion = await complete(services.upstream, exchange)
         return RecordedAnswer(completion.body, recorder, recorder.success(completion), headers)
+
+
+def _shadow_when_picked(services: Services, recorder: RunRecorder, policy: Policy, wire: WireFormat,
+                        neutral: NeutralRequest, exchange: Exchange) -> None:
+    """A projected request the policy's `evaluation.shadow_share` picks is sent again unprojected once its
+    client has the answer (gateway/evaluation/shadows.py)."""
+    run, shadows, accounting = recorder.start, services.shadows, recorder.accounting
+    if shadows is None or accounting is None or run.evaluation_arm != PROJECTED or not shadowed(policy, run.request_id):
+        return
+    job = ShadowJob(tenant=run.tenant, request_id=run.request_id,
+                    budget_usd=policy.evaluation.shadow_budget_usd_per_day, wire=wire, client=neutral,
+                    request=exchange.request,
+                    accounting=replace(accounting, tokens_forwarded=accounting.tokens_original))
+    recorder.on_answered = lambda outcome, answer: shadows.start(job, answer, outcome.cost_original_usd)
 
 
 async def _stream(services: Services, exchange: Exchange, recorder: RunRecorder, headers: dict[str, str]) -> Response:

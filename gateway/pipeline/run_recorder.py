@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.access.budgets import Budgets
 from gateway.errors import GatewayError, InternalError, ServiceUnavailable
+from gateway.evaluation.signals import run_signals
 from gateway.exchange import Completion
 from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import outcomes
@@ -105,6 +106,11 @@ class RunRecorder:
         self.outcome: RunOutcome | None = None  # as recorded (the access log reads it)
         self.streaming = False  # handed to a RecordedStream, which finishes it
         self.attempts: list[Attempt] = []  # every upstream try (gateway/upstream/deployments.py), the answer last
+        # The request's neutral transcript, when it has one: an answer's outcome signals are read from it.
+        self.transcript: Sequence[Mapping[str, Any]] | None = None
+        self.answer: Mapping[str, Any] | None = None  # the answer, as its client sends it back
+        # Called once an answer's outcome is written (the client has had it): a shadow comparison starts there.
+        self.on_answered: Callable[[RunOutcome, Mapping[str, Any] | None], None] | None = None
         scope.setdefault("state", {}).setdefault(_SCOPE_KEY, []).append(self)
 
     async def ingest(self, path: Sequence[PathNode]) -> IngestResult:
@@ -157,6 +163,8 @@ class RunRecorder:
                                              self.start.started_at)
             if self.recent is not None and self.assembly is not None:
                 self.recent.remember(self.start.request_id, self.assembly)
+            if self.recorded and self.on_answered is not None and outcome.status == "ok":
+                self.on_answered(outcome, self.answer)
         finally:
             self._written()
 
@@ -175,8 +183,12 @@ class RunRecorder:
         if answered is not None and answered.prices is not None and answered.prices != accounting.prices:
             accounting = replace(accounting, prices=answered.prices)  # a deployment priced otherwise answered
         outcome = outcomes.success(completion, self.started, accounting)
-        if self.opens_conversation and self.answer_of is not None:
-            outcome = replace(outcome, answer=self.answer_of(completion.body))
+        answer = self.answer = self.answer_of(completion.body) if self.answer_of is not None else None
+        if self.opens_conversation and answer is not None:
+            outcome = replace(outcome, answer=answer)
+        if self.transcript is not None and self.answer_of is not None:
+            rehydrations = self.assembly.rehydrations if self.assembly is not None else ()
+            outcome = replace(outcome, signals=run_signals(self.transcript, answer, rehydrations))
         return outcome
 
     def answered(self) -> Attempt | None:
