@@ -116,8 +116,8 @@ def replay(store: RecordStore, transcript: Transcript, requests: int, policy_nam
         run = RunStart(request_id=f"req_{uuid.uuid4().hex}", tenant=tenant, participant="bench", model="fake",
                        upstream_model="openai/fake", stream=False, redact=policy.redaction.on_capture)
         recorder = RunRecorder(store, _Metrics(), run, {}, recent)  # type: ignore[arg-type]
-        ingest, projection, _, record = _capture_and_project(
-            services, recorder, policy, MODEL, tenant, neutral)  # type: ignore[arg-type]
+        prepared = _capture_and_project(services, recorder, policy, MODEL, tenant, neutral, wire)  # type: ignore[arg-type]
+        ingest, projection, record = prepared.ingest, prepared.projection, prepared.record
         assembly = recent.based(record, ingest.previous_request_id)
         outcome = RunOutcome(status="ok", latency_ms=1.0, http_status=200, prompt_tokens=1000, completion_tokens=3,
                              total_tokens=1003, tokens_original=projection.tokens_original,

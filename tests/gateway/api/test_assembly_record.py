@@ -94,8 +94,8 @@ def test_fresh_records_read_store_and_count_as_one_dict_per_message_did(tmp_path
         run = RunStart(request_id=f"req_{number:04d}", tenant="acme", participant="agent", model="fake",
                        upstream_model="openai/fake", stream=False, redact=policy.redaction.on_capture)
         recorder = RunRecorder(store, _Unused(), run, {}, recent)  # type: ignore[arg-type]
-        ingest, projection, records, record = _capture_and_project(
-            services, recorder, policy, MODEL, "acme", neutral)  # type: ignore[arg-type]
+        prepared = _capture_and_project(services, recorder, policy, MODEL, "acme", neutral, wire)  # type: ignore[arg-type]
+        ingest, projection, records, record = prepared.ingest, prepared.projection, prepared.records, prepared.record
         assembly = recent.based(record, ingest.previous_request_id)
         seen["based"] += assembly.base_request_id is not None
         compacted = [d.artifact_id for d in projection.decisions if d.action == "compacted"]

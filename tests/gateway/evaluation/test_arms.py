@@ -38,12 +38,24 @@ def policy(holdout: float) -> dict[str, Any]:
     return raw
 
 
-@pytest.fixture
-def gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+def _start(fake: FakeUpstream, url: str, tmp_path: Path) -> tuple[RunningGateway, Any]:
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy(0.5)))
     tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "policy.yaml"},
                {"id": "globex", "api_keys": [OTHER_TENANT_KEY], "policy": "coding-agent"}]
-    running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, tenants=tenants), fake)
+    return start_gateway(settings_for(fake.api_base, url, tmp_path, tenants=tenants), fake)
+
+
+@pytest.fixture
+def gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    running, server = _start(fake, sqlite_url, tmp_path)
+    yield running
+    server.stop()
+
+
+@pytest.fixture
+def any_store_gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """On SQLite and on PostgreSQL (the evaluation's query is one statement for both)."""
+    running, server = _start(fake, storage_url, tmp_path)
     yield running
     server.stop()
 
@@ -186,11 +198,12 @@ def test_half_the_conversations_are_held_out_and_the_signals_per_arm_match_the_u
     assert low <= projected_rate["rate"] <= high
 
 
-def test_the_arm_follows_the_conversation_not_the_request(gateway: RunningGateway, fake: FakeUpstream) -> None:
+def test_the_arm_follows_the_conversation_not_the_request(any_store_gateway: RunningGateway,
+                                                          fake: FakeUpstream) -> None:
     """A labelled conversation keeps its arm whatever it sends; a tenant without a holdout is all projected;
     another tenant's key sees none of the first's evaluation."""
     fake.state.chat_responder = model
-    with gateway.client() as client:
+    with any_store_gateway.client() as client:
         arms = set()
         for turn in range(6):
             response = client.post("/v1/chat/completions", headers={"x-gateway-session": "sticky-1"},
@@ -199,7 +212,7 @@ def test_the_arm_follows_the_conversation_not_the_request(gateway: RunningGatewa
             record = client.get(f"/api/requests/{response.headers['x-gateway-request-id']}").json()
             arms.add(record["evaluation_arm"])
         assert len(arms) == 1
-    with gateway.client(OTHER_TENANT_KEY) as other:
+    with any_store_gateway.client(OTHER_TENANT_KEY) as other:
         response = other.post("/v1/chat/completions", json={"model": "fake", "messages": [
             {"role": "user", "content": "task 2"}]})
         record = other.get(f"/api/requests/{response.headers['x-gateway-request-id']}").json()
@@ -210,7 +223,7 @@ def test_the_arm_follows_the_conversation_not_the_request(gateway: RunningGatewa
         assert report["enough_data"] is False
         assert {s["verdict"] for s in report["signals"]} == {"insufficient_data"}
         assert other.get("/api/evaluation?tenant=acme").status_code == 404
-    with gateway.client(ADMIN_KEY) as admin:
+    with any_store_gateway.client(ADMIN_KEY) as admin:
         everyone = admin.get("/api/evaluation").json()
         assert everyone["arms"]["projected"]["conversations"] + everyone["arms"]["holdout"]["conversations"] == 2
         assert admin.get("/api/evaluation?tenant=acme").json()["filters"]["tenant"] == "acme"

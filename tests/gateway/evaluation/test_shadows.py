@@ -124,10 +124,10 @@ def test_shadows_never_delay_or_change_the_clients_answer(shadowed: RunningGatew
 
 
 def test_a_days_budget_stops_the_shadows_and_their_spend_is_its_own_line(
-        fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> None:
+        fake: FakeUpstream, storage_url: str, tmp_path: Path) -> None:
     fake.state.chat_responder = lambda body: Step(message=_answer("ok"))
     # Each request is about 2,000 tokens: a shadow costs about $0.002; the budget holds two of them.
-    running, server = start(fake, sqlite_url, tmp_path, shadow_share=1.0, shadow_budget_usd_per_day=0.005)
+    running, server = start(fake, storage_url, tmp_path, shadow_share=1.0, shadow_budget_usd_per_day=0.005)
     try:
         with running.client() as client:
             statuses, costs = [], []
