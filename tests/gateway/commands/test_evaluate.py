@@ -101,14 +101,18 @@ def test_a_lossy_policy_disagrees_where_the_fact_was_compacted(reader_fake: Fake
     assert not at["a_vs_recorded"]["same_action"]
 
 
-def test_coding_agent_agrees_when_its_memory_keeps_the_fact(reader_fake: FakeUpstream, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    trace = reader_trace(tmp_path, reader_fake, "first")
+@pytest.mark.parametrize("where", ["first", "middle"])
+def test_coding_agent_agrees_whether_its_memory_keeps_the_fact_or_the_model_rehydrates_it(
+        reader_fake: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str) -> None:
+    trace = reader_trace(tmp_path, reader_fake, where)
+    reader_fake.reset()
     out = tmp_path / "turns.json"
     assert evaluate(write_config(tmp_path, reader_fake.api_base), str(trace), "--json", str(out)) == 0
     (conversation,) = json.loads(out.read_text())["conversations"]
     assert conversation["agreement"] == 1.0 and conversation["a_matches_recorded"] == 3
     assert conversation["tokens_forwarded_a"] < conversation["tokens_forwarded_b"]  # and it compacted
+    rehydrated = [r for r in reader_fake.requests if "gateway_rehydrate" in json.dumps(r["body"]["messages"])]
+    assert bool(rehydrated) == (where == "middle")  # the middle's fact came back in a hidden round
     assert "TOTAL" in capsys.readouterr().out
 
 
