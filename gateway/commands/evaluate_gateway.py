@@ -3,8 +3,9 @@
 Rather than re-implement the request path (projection, the rehydration tool's hidden rounds, routing,
 the LiteLLM client), the command builds the real app (`create_app`) from the user's config with only
 what it needs of it (the model entries and the router), on a temporary SQLite database, with two
-tenants, one per policy (arm `a`: `--policy`, arm `b`: `--against`), and serves it on a loopback port
-for the length of the run. Each turn is sent to both tenants as a non-streaming Chat Completions
+tenants, one per policy (arm `a`: `--policy`, arm `b`: `--against`; each policy's own evaluation turned
+off: no conversation held out of it, no shadow sent), and serves it on a loopback port for the length
+of the run. Each turn is sent to both tenants as a non-streaming Chat Completions
 request; the answers and the gateway's token headers come back as `Answer`s.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+import yaml
 
 from gateway.app import create_app
 from gateway.config import ConfigError, Settings, load_policy
@@ -54,17 +56,27 @@ def arm_settings(settings: Settings, model: str, references: dict[str, str], wor
     if settings.model(model) is None:
         names = ", ".join(sorted({m.name for m in settings.models}))
         raise EvaluateError(f"--model {model!r} is no model of {settings.source} (it has: {names})")
-    for arm, reference in references.items():
-        try:
-            load_policy(reference, settings, "--policy" if arm == "a" else "--against")
-        except ConfigError as error:
-            raise EvaluateError(error.problems[0].one_line()) from None
-    tenants = [TenantSettings(id=f"evaluate-{arm}", api_keys=[ARM_KEYS[arm]], policy=reference)
+    tenants = [TenantSettings(id=f"evaluate-{arm}", api_keys=[ARM_KEYS[arm]],
+                              policy=_arm_policy_file(settings, arm, reference, workdir))
                for arm, reference in references.items()]
     storage = StorageSettings(url=f"sqlite:///{workdir / 'evaluate.db'}", blob_dir=str(workdir / "blobs"))
     return settings.model_copy(update={"tenants": tenants, "admin_keys": [], "storage": storage,
                                        "redis": RedisSettings(), "telemetry": TelemetrySettings(),
                                        "access_log": False, "log_level": "warning"})
+
+
+def _arm_policy_file(settings: Settings, arm: str, reference: str, workdir: Path) -> str:
+    """The arm's policy written to `workdir` with its own evaluation turned off: every conversation of the
+    arm is projected under it (no held-out share), and no shadow request is sent on the side."""
+    try:
+        policy = load_policy(reference, settings, "--policy" if arm == "a" else "--against")
+    except ConfigError as error:
+        raise EvaluateError(error.problems[0].one_line()) from None
+    data = policy.model_dump(mode="json")
+    data["evaluation"] = {**data.get("evaluation", {}), "holdout_share": 0.0, "shadow_share": 0.0}
+    path = workdir / f"policy-{arm}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return str(path)
 
 
 @dataclass(frozen=True)

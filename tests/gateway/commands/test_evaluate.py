@@ -81,11 +81,15 @@ def reader_trace(tmp_path: Path, fake: FakeUpstream, where: str) -> Path:
 
 def test_a_lossy_policy_disagrees_where_the_fact_was_compacted(reader_fake: FakeUpstream, tmp_path: Path) -> None:
     trace = reader_trace(tmp_path, reader_fake, "middle")
-    (tmp_path / "lossy.yaml").write_text(yaml.safe_dump(LOSSY))
+    reader_fake.reset()
+    # the policy's own evaluation is left out of the arm: no conversation held out, no shadow sent
+    lossy = {**LOSSY, "evaluation": {"holdout_share": 1.0, "shadow_share": 1.0, "shadow_budget_usd_per_day": 100}}
+    (tmp_path / "lossy.yaml").write_text(yaml.safe_dump(lossy))
     out = tmp_path / "turns.json"
     code = evaluate(write_config(tmp_path, reader_fake.api_base), str(trace), "--policy",
                     str(tmp_path / "lossy.yaml"), "--against", "none", "--json", str(out))
     assert code == 0
+    assert len(reader_fake.requests) == 3 * 2  # one request per turn and arm, none on the side
     (conversation,) = json.loads(out.read_text())["conversations"]
     assert conversation["agreement"] < 1 and conversation["disagreed_at"] == [6]
     turns = {t["index"]: t for t in conversation["turn_comparisons"]}
