@@ -1,5 +1,5 @@
-"""`gateway serve | check-config | migrate-config | replay | demo | fake-upstream | encryption rotate | gc |
-tenant purge`."""
+"""`gateway serve | check-config | migrate-config | replay | evaluate | demo | fake-upstream | encryption rotate |
+gc | tenant purge`."""
 from __future__ import annotations
 
 import argparse
@@ -149,6 +149,12 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if total["protocol_violations"] or total["latest_round_lost"] or total["user_system_lost"] else 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from gateway.commands.evaluate import run_evaluate
+
+    return run_evaluate(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from gateway.commands.demo import DemoFailed, run_demo
 
@@ -170,16 +176,19 @@ def _demo(args: argparse.Namespace) -> int:
 def _fake_upstream(args: argparse.Namespace) -> int:
     from gateway.fake_upstream.agent import DEFAULT_SCRIPT, AgentScript, ScriptError
     from gateway.fake_upstream.app import serve
+    from gateway.fake_upstream.reader import Reader
 
-    if args.plain and args.script:
-        print("gateway fake-upstream: --plain answers \"ok\" to everything; it takes no --script", file=sys.stderr)
+    if sum(map(bool, (args.plain, args.script, args.reader))) > 1:
+        print("gateway fake-upstream: give one of --plain, --script and --reader", file=sys.stderr)
         return 2
     try:
-        agent = None if args.plain else AgentScript.load(args.script) if args.script else DEFAULT_SCRIPT
+        agent = None if args.plain else Reader() if args.reader else \
+            AgentScript.load(args.script) if args.script else DEFAULT_SCRIPT
     except ScriptError as error:
         print(f"gateway fake-upstream: {error}", file=sys.stderr)
         return 2
-    mode = "plain (\"ok\")" if agent is None else f"agent mode, {args.script or 'the built-in script'}"
+    mode = "plain (\"ok\")" if agent is None else "reader mode (READ and NEED lines)" if args.reader else \
+        f"agent mode, {args.script or 'the built-in script'}"
     print(f"gateway fake-upstream: http://{args.host}:{args.port}/v1 (chat/completions, responses, messages), "
           f"{mode}", file=sys.stderr)
     serve(args.host, args.port, agent, delay=args.delay, keep_requests=args.keep_requests)
@@ -290,6 +299,26 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
+    evaluate = sub.add_parser("evaluate", help="ask a deployment for each turn's next action under two policies "
+                                                "and compare them")
+    evaluate.add_argument("traces", nargs="*", help="trace files (as `replay` reads them)")
+    evaluate.add_argument("--config", default="config.yaml", help="YAML config (default: config.yaml)")
+    evaluate.add_argument("--model", required=True, help="the model of the config to ask")
+    evaluate.add_argument("--policy", default="coding-agent", help="policy A: a preset or a YAML policy file "
+                                                                    "(default: %(default)s)")
+    evaluate.add_argument("--against", default="none", help="policy B: a preset, a policy file, or `none` for the "
+                                                             "transcript unprojected (default: %(default)s)")
+    evaluate.add_argument("--tenant", help="also the stored conversations of this tenant (the config's store)")
+    evaluate.add_argument("--conversation", help="only this stored conversation (its session label, or its id)")
+    evaluate.add_argument("--max-conversations", type=_positive, default=10,
+                          help="stored conversations at most, the latest first (default: %(default)s)")
+    evaluate.add_argument("--max-turns", type=_positive, default=30,
+                          help="turns per conversation at most, from its start (default: %(default)s)")
+    evaluate.add_argument("--json", metavar="FILE", help="write every turn's comparison here")
+    evaluate.set_defaults(run=_evaluate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Context gateway for tool-using agents")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -327,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--tenant", default="replay",
                         help="tenant the ids are derived for (use the gateway's to compare with it exactly)")
     replay.set_defaults(run=_replay)
+    _add_evaluate_parser(sub)
     demo = sub.add_parser("demo", help="send a bundled real agent session through a running gateway")
     demo.add_argument("--url", default="http://127.0.0.1:4000", help="the gateway (default: %(default)s)")
     demo.add_argument("--key", default="sk-acme-1", help="a tenant key (default: config.example.yaml's)")
@@ -341,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "offline); default: three shell commands (pwd, ls -la, uname -s), then an answer")
     fake.add_argument("--plain", action="store_true",
                       help="no agent: answer \"ok\" to every request not queued with POST /_script")
+    fake.add_argument("--reader", action="store_true",
+                      help="a model that reads the files the first user message names (READ <path>) and reports "
+                           "the facts it asks for (NEED <name>), or reads again what it cannot see")
     fake.add_argument("--delay", type=float, default=0.0, help="seconds before each plain answer (default 0)")
     fake.add_argument("--keep-requests", type=int, default=1000, help="requests remembered for GET /_requests")
     fake.set_defaults(run=_fake_upstream)

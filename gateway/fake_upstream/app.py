@@ -22,6 +22,7 @@ from gateway.fake_upstream.agent import AgentScript
 from gateway.fake_upstream.chat import add_chat_routes
 from gateway.fake_upstream.gemini import add_gemini_routes
 from gateway.fake_upstream.messages import add_messages_routes
+from gateway.fake_upstream.reader import Reader
 from gateway.fake_upstream.responses import add_responses_routes
 from gateway.fake_upstream.state import FakeState, Step
 
@@ -65,8 +66,10 @@ def build_app(state: FakeState) -> FastAPI:
     return app
 
 
-def serve(host: str, port: int, agent: AgentScript | None, delay: float = 0.0, keep_requests: int = 1000) -> None:
-    """Serve until interrupted: with `agent`, unscripted answers follow it in every format; without, "ok"."""
+def serve(host: str, port: int, agent: AgentScript | Reader | None, delay: float = 0.0,
+          keep_requests: int = 1000) -> None:
+    """Serve until interrupted: with `agent` (a script, or the reader of gateway/fake_upstream/reader.py),
+    unscripted answers follow it in every format; without, "ok"."""
     state = FakeState(default_delay=delay, keep_requests=keep_requests)
     if agent is not None:
         agent.drive(state)
