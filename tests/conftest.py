@@ -85,9 +85,12 @@ def fake_upstream_server() -> Iterator[FakeUpstream]:
 
 
 @pytest.fixture
-def fake(fake_upstream_server: FakeUpstream) -> FakeUpstream:
+def fake(fake_upstream_server: FakeUpstream) -> Iterator[FakeUpstream]:
+    """The session's fake upstream, emptied; a responder a test sets is taken away after it."""
     fake_upstream_server.reset()
-    return fake_upstream_server
+    yield fake_upstream_server
+    state = fake_upstream_server.state
+    state.responder = state.responses_responder = state.chat_responder = state.gemini_responder = None
 
 
 @pytest.fixture
