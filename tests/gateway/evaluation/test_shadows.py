@@ -177,3 +177,30 @@ def test_a_shadow_that_answers_otherwise_disagrees(shadowed: RunningGateway, fak
         request_id, _, _ = ask(client, "which file?")
         shadow = shadow_of(client, request_id)
     assert shadow == {**shadow, "status": "ok", "same_action": False, "similarity": 0.0}
+
+
+READ_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
+FORMATS = {
+    "anthropic": ("/v1/messages", {"model": "priced", "max_tokens": 64, "tools": [
+        {"name": "read_file", "input_schema": READ_SCHEMA}], "messages": [{"role": "user", "content": "hello"}]}),
+    "responses": ("/v1/responses", {"model": "priced", "input": "hello", "tools": [
+        {"type": "function", "name": "read_file", "parameters": READ_SCHEMA}]}),
+    "gemini": ("/v1beta/models/priced:generateContent", {
+        "contents": [{"role": "user", "parts": [{"text": "hello"}]}],
+        "tools": [{"functionDeclarations": [{"name": "read_file", "parameters": READ_SCHEMA}]}]}),
+}
+
+
+@pytest.mark.parametrize("wire", sorted(FORMATS))
+def test_every_wire_format_is_shadowed_in_its_own_terms(shadowed: RunningGateway, fake: FakeUpstream,
+                                                        wire: str) -> None:
+    """The shadow of an Anthropic, Responses or Gemini request is that request as sent, compared as such."""
+    path, body = FORMATS[wire]
+    with shadowed.client() as client:
+        response = client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        shadow = shadow_of(client, response.headers["x-gateway-request-id"])
+    assert shadow["status"] == "ok" and shadow["same_action"] is True
+    sent = [json.dumps(e["body"]) for e in fake.requests]  # the request, then its shadow
+    assert len(sent) == 2 and all('"hello"' in body for body in sent)
+    assert "gateway_rehydrate" in sent[0] and "gateway_rehydrate" not in sent[1]
