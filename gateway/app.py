@@ -206,7 +206,7 @@ class _Lifespan:
         client = self.client = RoutedUpstream(traced, settings, counters.limiter)
         await client.warm_up()
         await aside(encoding)  # tiktoken's first load takes a few hundred ms
-        self.shadows = Shadows(client, record_store, clock)
+        self.shadows = Shadows(client, record_store, clock, self.metrics)
         app.state.services = Services(
             settings=settings,
             store=record_store,

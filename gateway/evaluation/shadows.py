@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 
 from gateway.evaluation.next_action import compare, next_action
 from gateway.exchange import DIALECTS, Exchange, complete
+from gateway.ops.metrics import GatewayMetrics
 from gateway.pipeline import outcomes
 from gateway.pipeline.outcomes import Accounting
 from gateway.threads import aside
@@ -59,8 +60,8 @@ class _DaySpend:
 
 class Shadows:
     def __init__(self, upstream: UpstreamClient, store: RecordStore, clock: Callable[[], float],
-                 max_in_flight: int = 4, max_waiting: int = 64) -> None:
-        self.upstream, self.store, self.clock = upstream, store, clock
+                 metrics: GatewayMetrics | None = None, max_in_flight: int = 4, max_waiting: int = 64) -> None:
+        self.upstream, self.store, self.clock, self.metrics = upstream, store, clock, metrics
         self.max_waiting = max_waiting
         self._slots = asyncio.Semaphore(max_in_flight)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -128,6 +129,8 @@ class Shadows:
     async def _record(self, job: ShadowJob, status: str, same: bool | None = None, similarity: float | None = None,
                       cost: float | None = None) -> None:
         await aside(self.store.record_shadow, job.request_id, job.tenant, status, same, similarity, cost)
+        if self.metrics is not None:
+            self.metrics.observe_shadow(job.tenant, status, same, cost)
 
     async def stop(self) -> None:
         for task in list(self.tasks):

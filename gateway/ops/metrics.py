@@ -89,10 +89,20 @@ class GatewayMetrics:
                                           buckets=_ASSEMBLY_BUCKETS, registry=r)
         self.upstream_seconds = Histogram("gateway_upstream_seconds", "Upstream latency, all rounds",
                                           ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.evaluation_runs = Counter("gateway_evaluation_runs", "Answered runs by evaluation arm (projected, "
+                                       "holdout)", ["tenant", "arm"], registry=r)
+        self.repeated_calls = Counter("gateway_repeated_calls", "Calls in answers repeating an earlier call of "
+                                      "the conversation (same tool, same arguments), by arm", ["tenant", "arm"],
+                                      registry=r)
+        self.shadows = Counter("gateway_shadows", "Shadow comparisons by how they ended (ok, error, over_budget, "
+                               "busy) and whether the next actions agreed", ["tenant", "status", "agreed"], registry=r)
+        self.evaluation_cost = Counter("gateway_evaluation_cost_usd", "What shadow comparisons cost, USD",
+                                       ["tenant"], registry=r)
         self.redis_up: Gauge | None = None  # made when Redis is configured (observe_redis)
         self.redis_outages = Counter("gateway_redis_outages", "Times Redis stopped answering", registry=r)
 
-    def observe_run(self, tenant: str, model: str, outcome: RunOutcome, assembly: AssemblyRecord | None) -> None:
+    def observe_run(self, tenant: str, model: str, outcome: RunOutcome, assembly: AssemblyRecord | None,
+                    arm: str | None = None) -> None:
         self.requests.labels(tenant, model, outcome.status).inc()
         self.upstream_seconds.labels(model).observe(outcome.latency_ms / 1000)
         if assembly is not None:
@@ -108,6 +118,16 @@ class GatewayMetrics:
         self.cached_tokens.labels(tenant, model).inc(outcome.cached_tokens or 0)
         self.cost.labels(tenant, model).inc(outcome.cost_usd or 0.0)
         self.cost_original.labels(tenant, model).inc(outcome.cost_original_usd or 0.0)
+        if arm is not None:
+            self.evaluation_runs.labels(tenant, arm).inc()
+            repeated = (outcome.signals or {}).get("repeated_calls")
+            if repeated:
+                self.repeated_calls.labels(tenant, arm).inc(repeated)
+
+    def observe_shadow(self, tenant: str, status: str, same_action: bool | None, cost_usd: float | None) -> None:
+        self.shadows.labels(tenant, status, "" if same_action is None else str(same_action).lower()).inc()
+        if cost_usd:
+            self.evaluation_cost.labels(tenant).inc(cost_usd)
 
     def observe_redis(self, up: bool) -> None:
         if self.redis_up is None:

@@ -156,7 +156,8 @@ class RunRecorder:
                           self.start.request_id, why)
         else:
             if self.recorded:  # False: the run already had a real outcome (counted when that was written)
-                self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly)
+                self.metrics.observe_run(self.start.tenant, self.start.model, outcome, self.assembly,
+                                         self.start.evaluation_arm)
             if self.recorded and self.budgets is not None and outcome.cost_usd:
                 with anyio.CancelScope(shield=True):
                     await self.budgets.spend(self.start.tenant, self.start.api_key_id, outcome.cost_usd,

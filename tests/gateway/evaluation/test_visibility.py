@@ -109,6 +109,17 @@ def test_a_lossy_policy_is_worse_and_coding_agent_keeping_the_facts_makes_no_dif
     assert coder["shadow"]["agreement"] == 1.0 and coder["shadow"]["verdict"] == "no_difference"
     assert coder["shadow"]["compared"] >= 2 * 10
 
+    # The same in the metrics: answered runs per arm, repeated calls, shadows by how they ended.
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    runs = {arm: lossy["arms"][arm]["requests"] for arm in ("projected", "holdout")}
+    for arm, count in runs.items():
+        assert f'gateway_evaluation_runs_total{{arm="{arm}",tenant="lossy"}} {float(count)}' in metrics
+    assert (f'gateway_repeated_calls_total{{arm="projected",tenant="lossy"}} '
+            f'{float(repeated["arms"]["projected"]["count"])}') in metrics
+    assert f'gateway_shadows_total{{agreed="false",status="ok",tenant="lossy"}} ' in metrics
+    assert f'gateway_shadows_total{{agreed="true",status="ok",tenant="coder"}} {float(coder["shadow"]["compared"])}' \
+        in metrics
+
     # An admin may read each tenant's, and the two stay apart.
     assert report(gateway, ADMIN_KEY)["arms"]["projected"]["conversations"] == (
         lossy["arms"]["projected"]["conversations"] + coder["arms"]["projected"]["conversations"])
