@@ -1,4 +1,4 @@
-"""The dashboard: savings over time, sessions, and the assembly inspector.
+"""The dashboard: savings over time, sessions, the assembly inspector, and the evaluation.
 
 Server-rendered (Jinja2), no script, charts as inline SVG, one stylesheet. Signed in with a
 tenant or admin key through a form; the session lives in an HttpOnly cookie
@@ -6,7 +6,8 @@ naming a session the database holds (gateway/access/dashboard_sessions.py), neve
 Every form carries a token and refuses posts from other sites
 (gateway/dashboard/form_guard.py); every response carries the security headers of
 gateway/dashboard/headers.py. Figures come from the same ledger function as
-`GET /api/savings`; a tenant's filters list only its own models.
+`GET /api/savings`, the evaluation's from the same function as `GET /api/evaluation`
+(gateway/api/evaluation.py `evaluation_of`); a tenant's filters list only its own models.
 """
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from gateway.access.auth import Principal
 from gateway.access.dashboard_sessions import COOKIE, LIFETIME_SECONDS, end_session, signed_in, start_session
+from gateway.api.evaluation import evaluation_of
 from gateway.api.records import savings_ledger
+from gateway.dashboard import evaluation_view
 from gateway.dashboard import form_guard as guard
 from gateway.dashboard.charts import bars
 from gateway.errors import AuthenticationFailed, GatewayError
@@ -62,6 +65,8 @@ def _duration(value: timedelta) -> str:
 
 templates.env.filters["as_text"] = _as_text
 templates.env.filters["duration"] = _duration
+templates.env.filters.update(evaluation_view.FILTERS)
+templates.env.globals.update(evaluation_view.GLOBALS)
 
 
 @memo(maxsize=1)  # no arguments: one value
@@ -86,6 +91,14 @@ def _page(request: Request, services: Services, name: str, context: dict[str, An
     if new:
         guard.keep(response, request, cookie)
     return response
+
+
+def _bad_filter(request: Request, services: Services, principal: Principal, error: GatewayError) -> Response:
+    """A bad filter: said on a page, escaped like every other string."""
+    note_refusal(error.code or error.error_type)
+    return _page(request, services, "error.html",
+                 {"principal": principal, "message": error.message, "status": error.status_code},
+                 status=error.status_code)
 
 
 def _refused(request: Request, services: Services, reason: str) -> Response:
@@ -163,11 +176,8 @@ async def overview(
         return _login_redirect()
     try:
         ledger = await savings_ledger(services, principal, start, end, model or None, None, tenant or None)
-    except GatewayError as error:  # a bad filter: said on a page, escaped like every other string
-        note_refusal(error.code or error.error_type)
-        return _page(request, services, "error.html",
-                     {"principal": principal, "message": error.message, "status": error.status_code},
-                     status=error.status_code)
+    except GatewayError as error:
+        return _bad_filter(request, services, principal, error)
     scope = ledger["filters"]["tenant"]
     runs = await aside(services.store.recent_runs, scope, 30)
     models = await _models(services, principal)
@@ -190,6 +200,41 @@ async def overview(
         "unpriced": _unpriced(services, models),
     }
     return _page(request, services, "overview.html", context)
+
+
+@router.get("/evaluation", response_class=HTMLResponse)
+async def evaluation(
+    request: Request,
+    services: ServicesDep,
+    tenant: str | None = None,
+    model: str | None = None,
+    policy_version: str | None = None,
+    from_: str | None = Query(None, alias="from"),
+    to: str | None = None,
+) -> Response:
+    """Whether the projection changes what the agents do: the report `GET /api/evaluation` answers for the
+    same filters (an empty form field is no filter), drawn."""
+    principal = await _signed_in(request, services)
+    if principal is None:
+        return _login_redirect()
+    chosen = {"tenant": tenant or None, "model": model or None, "start": from_ or None, "end": to or None}
+    try:
+        report = await evaluation_of(services, principal, policy_version=policy_version or None, **chosen)
+        versions = report["policy_versions"]
+        if policy_version:  # the filter offers every version the other filters see, not only the chosen one
+            versions = (await evaluation_of(services, principal, policy_version=None, **chosen))["policy_versions"]
+    except GatewayError as error:
+        return _bad_filter(request, services, principal, error)
+    context: dict[str, Any] = {
+        "principal": principal,
+        "report": report,
+        "filters": report["filters"],
+        "signals": report["signals"],
+        "versions": sorted(set(versions) | ({policy_version} if policy_version else set())),
+        "tenants": [t.id for t in services.settings.tenants] if principal.is_admin else [],
+        "models": await _models(services, principal),
+    }
+    return _page(request, services, "evaluation.html", context)
 
 
 def _unpriced(services: Services, models: list[str]) -> list[str]:

@@ -38,6 +38,17 @@ def test_script_in_every_overview_parameter_is_escaped(gateway: RunningGateway, 
     assert_escaped(response.text)
 
 
+@pytest.mark.parametrize("key", [TENANT_KEY, ADMIN_KEY], ids=["tenant", "admin"])
+@pytest.mark.parametrize("parameter", ["from", "to", "model", "policy_version", "tenant"])
+@pytest.mark.parametrize("payload", [SCRIPT, ATTRIBUTE])
+def test_script_in_every_evaluation_parameter_is_escaped(gateway: RunningGateway, key: str, parameter: str,
+                                                         payload: str) -> None:
+    with signed_in(gateway, key) as client:
+        response = client.get(f"/dashboard/evaluation?{parameter}={quote(payload)}")
+    assert response.status_code in (200, 400, 404)
+    assert_escaped(response.text)
+
+
 def test_script_in_labels_participants_and_content_is_escaped(gateway: RunningGateway) -> None:
     messages = [{"role": "system", "content": SCRIPT}, {"role": "user", "content": ATTRIBUTE},
                 {"role": "assistant", "content": None, "name": SCRIPT, "tool_calls": [

@@ -71,11 +71,13 @@ def test_every_page_of_the_gateways_dashboard_is_protected(module_gateway: Runni
                     browser.get("/dashboard/requests/req_none"), browser.get("/dashboard/no/such/page"),
                     browser.get("/dashboard/style.css"), browser.get("/dashboard?model=%00")]
         assert [a.status_code for a in answers[3:]] == [200, 400, 404, 404, 200, 400]
-        for answer in answers:
+        evaluation = [browser.get("/dashboard/evaluation"), browser.get("/dashboard/evaluation?from=yesterday")]
+        assert [a.status_code for a in evaluation] == [200, 400]
+        for answer in answers + evaluation:
             assert_protected(answer)
         stylesheet = answers[7]
         assert stylesheet.headers["content-type"].startswith("text/css") and "--fwd" in stylesheet.text
-        for page in answers[:4]:
+        for page in answers[:4] + evaluation:
             assert "style=" not in page.text and "<style" not in page.text and "<script" not in page.text
         healthz = browser.get("/healthz")
         assert "content-security-policy" not in healthz.headers
