@@ -18,7 +18,7 @@ from storage.store_base import StoreBase
 
 _RUNS = ModelRun.__table__
 SUMMED = ("requests", "answer_calls", "repeated_calls", "final_answers", "tool_results", "tool_errors",
-          "rehydrations", "tokens_sent", "tokens_forwarded", "cached_tokens", "cost_usd", "shadows",
+          "rehydrations", "tokens_sent", "tokens_forwarded", "prompt_tokens", "cached_tokens", "cost_usd", "shadows",
           "shadows_agreed", "shadow_similarity", "shadow_cost_usd")
 _KEYS = ("tenant", "conversation", "arm", "policy_version")
 
@@ -52,6 +52,7 @@ class Evaluations(StoreBase):
                    _count(_RUNS.c.final_answer.is_(True)).label("final_answers"),
                    func.coalesce(func.sum(_RUNS.c.tokens_original), 0).label("tokens_sent"),
                    func.coalesce(func.sum(_RUNS.c.tokens_forwarded), 0).label("tokens_forwarded"),
+                   func.coalesce(func.sum(_RUNS.c.prompt_tokens), 0).label("prompt_tokens"),
                    func.coalesce(func.sum(_RUNS.c.cached_tokens), 0).label("cached_tokens"),
                    func.coalesce(func.sum(_RUNS.c.cost_usd), 0.0).label("cost_usd"),
                    _count(shadowed).label("shadows"),

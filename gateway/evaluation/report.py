@@ -33,8 +33,8 @@ SIGNALS = (
     Signal("tokens_sent_per_conversation", "tokens_sent", None, True, "tokens the client sent, per conversation"),
     Signal("tokens_forwarded_per_conversation", "tokens_forwarded", None, True,
            "tokens forwarded upstream, per conversation"),
-    Signal("cached_tokens_per_conversation", "cached_tokens", None, False,
-           "prompt tokens the provider read from its cache, per conversation"),
+    Signal("cached_share", "cached_tokens", "prompt_tokens", False,
+           "share of the prompt tokens the provider read from its cache"),
     Signal("cost_per_conversation", "cost_usd", None, True, "what the upstream calls cost, USD per conversation"),
 )
 

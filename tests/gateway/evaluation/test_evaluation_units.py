@@ -109,3 +109,18 @@ def test_wilson() -> None:
     assert 0.9 < low < 1 and high == 1.0
     low, high = wilson(10, 100)
     assert 0.05 < low < 0.1 < high < 0.18
+
+
+def test_a_policys_evaluation_section_is_checked_field_by_field() -> None:
+    import pytest
+
+    from policies.policy import PolicyError, policy_from_mapping
+
+    for field, value in (("holdout_share", 1.5), ("shadow_share", -0.1), ("shadow_budget_usd_per_day", -1),
+                         ("holdout_share", "half"), ("sample", 1)):
+        with pytest.raises(PolicyError) as caught:
+            policy_from_mapping({"name": "p", "evaluation": {field: value}}, "p.yaml")
+        assert caught.value.field == f"evaluation.{field}"
+    policy = policy_from_mapping({"name": "p", "evaluation": {"holdout_share": 0.25}}, "p.yaml")
+    assert policy.evaluation.holdout_share == 0.25 and policy.evaluation.shadow_share == 0
+    assert policy.version_label != policy_from_mapping({"name": "p"}, "p.yaml").version_label
