@@ -29,9 +29,21 @@ _LETTER = re.compile(r"[^\W\d_]")
 _PROGRESS_HEADER = re.compile(r"^% Total\s+% Received|^Dload\s+Upload\s+Total")  # curl's progress meter
 
 
+# Boilerplate: lines any output of its kind opens or ends with, which say nothing of this one: a page's
+# doctype and bare structural tags, a shell's prompt and the agent harness's prompt lines (SWE-agent's open
+# file and directory), terminal control sequences, an output wrapper's bare tags.
+_BOILERPLATE = re.compile(
+    r"^(?:<!doctype\b[^>]*>|</?(?:html|head|body|meta|link|title|script|style|output)\b[^>]*>"
+    r"|\S*(?:bash|sh|zsh)-?[\d.]*\$|[\w.\-]+@[\w.\-]+:\S*\s*[$#]"
+    r"|\((?:open file|current directory): [^)]*\)|(?:\x1b\[[0-9;?]*[A-Za-z])+)\s*$",
+    re.IGNORECASE)
+
+
 def _is_noise(line: str) -> bool:
-    """Progress bars, rulers and tables of numbers: lines with almost no words."""
-    return len(line) >= 12 and len(_LETTER.findall(line)) < 0.25 * len(line) or bool(_PROGRESS_HEADER.match(line))
+    """Lines no excerpt should spend its room on when a distinctive one fits: progress bars, rulers and
+    tables of numbers (lines with almost no words), and boilerplate (`_BOILERPLATE`)."""
+    return (len(line) >= 12 and len(_LETTER.findall(line)) < 0.25 * len(line) or bool(_PROGRESS_HEADER.match(line))
+            or bool(_BOILERPLATE.match(line)))
 
 
 @dataclass(frozen=True)

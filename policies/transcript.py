@@ -230,6 +230,28 @@ def artifact_id_for(node: str) -> str:
     return f"art_{node[:20]}"
 
 
+SHORT_REF_HEX = 10  # 40 bits: unique within any one conversation, and almost surely within a tenant
+_REFERENCE = re.compile(r"^(art|args)_([0-9a-f]{%d,64})$" % SHORT_REF_HEX)
+
+
+def short_ref(artifact_id: str) -> str:
+    """What memories call an artifact: its kind and the first `SHORT_REF_HEX` hex digits of its id. The
+    full id stays in the records; rehydration and the records API resolve either (`refers_to`)."""
+    kind, _, digits = artifact_id.partition("_")
+    return f"{kind}_{digits[:SHORT_REF_HEX]}" if digits else artifact_id
+
+
+def is_reference(text: str) -> bool:
+    """Whether `text` can name an artifact: a full id, or a short reference of at least SHORT_REF_HEX digits."""
+    return _REFERENCE.match(text) is not None
+
+
+def refers_to(reference: str, artifact_id: str) -> bool:
+    """Whether `reference` (a full id or a short one) names `artifact_id`."""
+    return is_reference(reference) and artifact_id.startswith(reference) and (
+        len(reference) == len(artifact_id) or artifact_id[len(reference)] != "_")
+
+
 def tool_call_pk(assistant_node_id: str, call_id: str) -> str:
     """A ToolCall's id: a call id is unique only within its assistant message."""
     return hashlib.blake2b(f"{assistant_node_id}/{call_id}".encode(), digest_size=16).hexdigest()

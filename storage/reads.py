@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zlib
 from datetime import datetime
 from typing import Any, Iterable
 
-from sqlalchemy import func, select, text
+from sqlalchemy import and_, func, select, text
 from sqlalchemy.orm import Session
 
+from policies.transcript import SHORT_REF_HEX
 from storage.assembly_record import MAX_BASE_DEPTH, assembly_from_row, merged_decisions
 from storage.encryption import Tampered, call_arguments_aad, forwarded_aad, node_aad, projection_aad
 from storage.ledger import ROW_KEYS, ledger_rows, merged, run_sums, session_key_column
@@ -25,31 +27,49 @@ from storage.schema import (ContextAssembly, ForwardedMessage, MessageNode, Mode
 from storage.store_base import StoreBase
 
 
+_ARTIFACT_ID_CHARS = 24  # art_ and 20 hex digits (policies.transcript.artifact_id_for)
+_CALL_ID_CHARS = 32  # a tool call's key: 32 hex digits (policies.transcript.tool_call_pk)
+
+
+def _naming(column: Any, reference: str, full_length: int) -> Any:
+    """The rows `reference` names: the id itself, or, for a short reference (a prefix of at least
+    SHORT_REF_HEX hex digits), the ids it begins; as a range, which an index serves on every database."""
+    digits = reference.partition("_")[2] if reference.startswith("art_") else reference
+    if len(reference) >= full_length or len(digits) < SHORT_REF_HEX or not _HEX.match(digits):
+        return column == reference
+    return and_(column >= reference, column < reference[:-1] + chr(ord(reference[-1]) + 1))
+
+
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
 class Reads(StoreBase):
     def get_artifact(self, artifact_id: str, tenant: str | None) -> ArtifactRecord | None:
-        """The artifact, if it exists and `tenant` may see it (None: any tenant)."""
+        """The artifact, if it exists and `tenant` may see it (None: any tenant). `artifact_id` may be the
+        short reference memories use (`policies.transcript.short_ref`) when it names one artifact only."""
         with Session(self.engine) as session:
-            query = select(ToolArtifact).where(ToolArtifact.id == artifact_id)
+            query = select(ToolArtifact).where(_naming(ToolArtifact.id, artifact_id, _ARTIFACT_ID_CHARS))
             if tenant is not None:
                 query = query.where(ToolArtifact.tenant == tenant)
-            row = session.scalar(query)
-            return artifact_from_row(row, self.encryption) if row else None
+            rows = session.scalars(query.limit(2)).all()
+            return artifact_from_row(rows[0], self.encryption) if len(rows) == 1 else None
 
     def get_call_arguments(self, artifact_id: str, tenant: str | None) -> tuple[str, dict[str, Any]] | None:
         """The raw arguments of a tool call served as an `args_...` artifact, and its metadata."""
         if not artifact_id.startswith("args_"):
             return None
         with Session(self.engine) as session:
-            query = select(ToolCall).where(ToolCall.id == artifact_id[len("args_") :])
+            query = select(ToolCall).where(_naming(ToolCall.id, artifact_id[len("args_"):], _CALL_ID_CHARS))
             if tenant is not None:
                 query = query.where(ToolCall.tenant == tenant)
-            row = session.scalar(query)
-            if row is None:
+            rows = session.scalars(query.limit(2)).all()
+            if len(rows) != 1:
                 return None
+            row = rows[0]
             arguments = self._call_arguments(row)
             raw = arguments.encode("utf-8", "surrogatepass")
             meta = {
-                "id": artifact_id, "object": "tool_call_arguments", "tenant": row.tenant,
+                "id": f"args_{row.id}", "object": "tool_call_arguments", "tenant": row.tenant,
                 "node_id": row.node_id, "tool_call_id": row.call_id, "tool_name": row.name,
                 "run_id": row.run_id, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw),
             }

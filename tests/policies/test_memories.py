@@ -172,6 +172,23 @@ def test_curl_progress_meter_is_not_an_opening() -> None:
     assert kept[0].text == "<title>A Simple CGI Page</title>" and kept[0].number == 4
 
 
+def test_boilerplate_never_fills_an_excerpt_when_a_distinctive_line_fits() -> None:
+    """A page's doctype and bare tags, a shell's prompt, the harness's prompt lines and terminal control
+    sequences open and end many outputs and say nothing of this one."""
+    page = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<title>Order tracking</title>\n" + "\n".join(filler(1, 40)) + "\n</body>\n</html>\n")
+    kept = excerpt(view(page), RULE, Compaction(head_chars=40, tail_chars=30, salient_chars=0))
+    assert kept[0].text == "<title>Order tracking</title>" and kept[0].number == 5
+    assert not any(k.text.startswith(("<!DOCTYPE", "<html", "</html", "</body", "<head", "<meta")) for k in kept)
+    shell = ("\x1b[?2004h\n(Open file: /testbed/app.py)\n(Current directory: /testbed)\nbash-$ \n"
+             "Traceback (most recent call last):\n" + "\n".join(filler(1, 30))
+             + "\nValueError: bad input\n(Open file: n/a)\n(Current directory: /testbed)\nroot@box:/testbed# ")
+    kept = excerpt(view(shell), RULE, Compaction(head_chars=40, tail_chars=30, salient_chars=0))
+    assert kept[0].text.startswith("Traceback") and kept[-1].text == "ValueError: bad input"
+    only = "<html>\n<body>\n</body>\n</html>"  # nothing but boilerplate: kept as it is
+    assert [k.text for k in excerpt(view(only), RULE, Compaction(head_chars=10, tail_chars=10))][0] == "<html>"
+
+
 # -- properties -----------------------------------------------------------------
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

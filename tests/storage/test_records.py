@@ -161,3 +161,30 @@ def test_a_value_the_database_refuses_is_unstorable_not_a_crash(postgres_url: st
         assert store.count_artifacts() == 0
     finally:
         store.engine.dispose()
+
+
+def test_short_references_resolve_within_the_tenant_and_only_when_unique(store: RecordStore) -> None:
+    """A memory names an artifact by a short reference (policies.transcript.short_ref); the store resolves it
+    for its tenant when it names one artifact, and never across tenants; call arguments likewise."""
+    from policies.transcript import arguments_artifact_id, short_ref
+
+    path = message_path("acme", TOOL_ROUND)
+    store.ingest(path, _run("req_1"))
+    full = artifact_id_for(path[3].id)
+    short = short_ref(full)
+    assert len(short) == len("art_") + 10 and full.startswith(short)
+    found = store.get_artifact(short, "acme")
+    assert found is not None and found.id == full
+    assert store.get_artifact(short, "globex") is None
+    assert store.get_artifact(short[:-1], "acme") is None  # shorter than a reference: no prefix search
+    assert store.get_artifact(short + "z", "acme") is None
+    arguments = arguments_artifact_id(path[2].id, "call_1")
+    by_short = store.get_call_arguments(short_ref(arguments), "acme")
+    assert by_short is not None and by_short[0] == '{"path": "a.yaml"}' and by_short[1]["id"] == arguments
+    assert store.get_call_arguments(short_ref(arguments), "globex") is None
+    # The same transcript of another tenant: its own ids, so its own references; an admin's read of a
+    # reference finds the one artifact it names.
+    store.ingest(message_path("globex", TOOL_ROUND), _run("req_2", tenant="globex"))
+    other = short_ref(artifact_id_for(message_path("globex", TOOL_ROUND)[3].id))
+    assert other != short and store.get_artifact(other, "acme") is None
+    assert store.get_artifact(short, None).id == full
