@@ -31,6 +31,7 @@ from policies.epoch_replay import Epochs
 from policies.memories import ArtifactView, render_notice
 from policies.policy import Policy
 from policies.tokens import DEFAULT_ENCODING, message_tokens
+from policies.transcript import SHORT_REF_HEX, refers_to
 from policies.visibility import notice_reason
 
 Result = tuple[Decision, Any, "str | None", "int | None"]  # decision, content put in its place, omission, tokens
@@ -241,7 +242,7 @@ def _projection(state: Assembly, draft: _Draft, epochs: Epochs, forwarded: list[
     )
 
 
-_ARTIFACT_ID = re.compile(r"\b(art_[0-9a-f]{20})\b")
+_ARTIFACT_ID = re.compile(r"\b(art_[0-9a-f]{%d,20})\b" % SHORT_REF_HEX)  # a full id or a short reference
 
 
 def _rehydrate_named(state: Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
@@ -259,7 +260,7 @@ def _rehydrate_named(state: Assembly, out: list[dict[str, Any]], decisions: dict
     bound = state.policy.rehydration
     for index, view in state.records.artifacts.items():
         decision = decisions.get(index)
-        if view.artifact_id not in named or decision is None:
+        if decision is None or not any(refers_to(ref, view.artifact_id) for ref in named):
             continue
         if decision.action not in ("compacted", "stale", "superseded") or not state.access(index).raw:
             continue  # withheld stays withheld, a memory-only result stays a memory; verbatim is raw already

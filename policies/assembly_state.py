@@ -23,6 +23,7 @@ from policies.result_facts import loose_digest, short_values, shown_revision
 from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
 from policies.supersession import later_results
 from policies.tokens import count_text, message_tokens
+from policies.transcript import short_ref
 from policies.visibility import Access, access
 
 _RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key (which holds no result text)
@@ -296,9 +297,10 @@ class Assembly(EpochReplay):
         view = self.records.artifacts[index]
         later = self.superseder[index]
         if self.revision.get(index) is not None and self.revision.get(later) is not None:
-            return (f"[superseded tool result artifact:{view.artifact_id} (revision {shown_revision(self.revision[index])}): "
-                    f"replaced by revision {shown_revision(self.revision[later])}, artifact:{replacement}]")
-        return f"[superseded tool result artifact:{view.artifact_id}: replaced by artifact:{replacement}]"
+            return (f"[superseded tool result artifact:{short_ref(view.artifact_id)} (revision "
+                    f"{shown_revision(self.revision[index])}): replaced by revision "
+                    f"{shown_revision(self.revision[later])}, artifact:{short_ref(replacement)}]")
+        return f"[superseded tool result artifact:{short_ref(view.artifact_id)}: replaced by artifact:{short_ref(replacement)}]"
 
     def duplicate_notice(self, index: int) -> tuple[str, int] | None:
         """The reference that stands in for a repeated output, and its tokens (None: not a duplicate)."""
@@ -307,7 +309,8 @@ class Assembly(EpochReplay):
         earlier, exact = self.duplicate[index]
         view, first = self.records.artifacts[index], self.records.artifacts[earlier]
         same = "the same output" if exact else "the same output apart from timestamps and timings"
-        text = f"[duplicate tool result artifact:{view.artifact_id}: {same} as artifact:{first.artifact_id}]"
+        text = (f"[duplicate tool result artifact:{short_ref(view.artifact_id)}: {same} as "
+                f"artifact:{short_ref(first.artifact_id)}]")
         return text, message_tokens({**self.messages[index], "content": text}, self.encoding)
 
     def compact_form(self, index: int) -> tuple[str, int, str]:

@@ -33,7 +33,7 @@ _PROGRESS_HEADER = re.compile(r"^% Total\s+% Received|^Dload\s+Upload\s+Total") 
 # doctype and bare structural tags, a shell's prompt and the agent harness's prompt lines (SWE-agent's open
 # file and directory), terminal control sequences, an output wrapper's bare tags.
 _BOILERPLATE = re.compile(
-    r"^(?:<!doctype\b[^>]*>|</?(?:html|head|body|meta|link|title|script|style|output)\b[^>]*>"
+    r"^(?:<!doctype\b[^>]*>?|</?(?:html|head|body|meta|link|title|script|style|output)\b[^>]*>"
     r"|\S*(?:bash|sh|zsh)-?[\d.]*\$|[\w.\-]+@[\w.\-]+:\S*\s*[$#]"
     r"|\((?:open file|current directory): [^)]*\)|(?:\x1b\[[0-9;?]*[A-Za-z])+)\s*$",
     re.IGNORECASE)
@@ -52,14 +52,14 @@ class Kept:
 
     number: int  # 1-based line of the artifact; 0 for a line the extractor wrote (an outline, a marker)
     text: str
-    why: str  # head | tail | outline | listing | whole | omitted, or the salience reasons joined by '+'
+    why: str  # head | tail | outline | listing | whole | omitted | blank, or the salience reasons joined by '+'
     repeats: int = 1  # consecutive identical lines folded into this one
     through: int = 0  # the artifact line of the last of them
 
     def render(self) -> str:
         text = f"{self.text} [x{self.repeats}]" if self.repeats > 1 else self.text
         return f"L{self.number}: {text}" if self.number and self.why not in (
-            "head", "tail", "whole", "outline", "listing", "omitted") else text
+            "head", "tail", "whole", "outline", "listing", "omitted", "blank") else text
 
 
 # Deterministic salience: the lines that carry a decision. Weights rank them when the budget is short.
@@ -225,20 +225,28 @@ def text_excerpt(text: str, c: Compaction, salience: Salience = Salience(), wind
     kept += [(line, "tail", clip(line.text, c.max_line_chars)) for line in tail]
     out: list[Kept] = []
     last = 0  # the last artifact line covered so far
-    total = text.count("\n") + 1
+    raw = text.split("\n")
     for line, why, shown in kept:
-        if out and line.number > last + 1 and _skipped(lines, last, line.number):
-            out.append(Kept(0, f"[... lines {last + 1}-{line.number - 1} omitted ...]", "omitted"))
+        out += _gap(raw, last, line.number)
         out.append(Kept(line.number, shown, why, line.repeats, line.last))
         last = max(line.last, line.number)
-    if kept and last < total and _skipped(lines, last, total + 1):
-        out.append(Kept(0, f"[... lines {last + 1}-{total} omitted ...]", "omitted"))
-    return out
+    return out + _gap(raw, last, len(raw) + 1) if kept else out
 
 
-def _skipped(lines: list[Line], after: int, before: int) -> bool:
-    """Whether any kept-worthy line lies strictly between artifact lines `after` and `before`."""
-    return any(after < line.number < before for line in lines)
+_BLANK_SHOWN = 2  # a gap of at most this many blank lines is shown as blank lines, not named
+
+
+def _gap(raw: list[str], after: int, before: int) -> list[Kept]:
+    """What stands for the artifact lines strictly between `after` and `before` that the excerpt leaves out:
+    nothing when there are none, as many blank lines when they are a few blank ones, else a marker naming
+    them. Every line left out is accounted for, so the memory states exactly what it omits."""
+    if before <= after + 1:
+        return []
+    missing = range(after + 1, before)
+    if len(missing) <= _BLANK_SHOWN and all(not raw[n - 1].strip() for n in missing):
+        return [Kept(0, "", "blank") for _ in missing]
+    first, last = missing[0], missing[-1]
+    return [Kept(0, f"[line {first} omitted]" if first == last else f"[lines {first}-{last} omitted]", "omitted")]
 
 
 def listing_excerpt(text: str, c: Compaction) -> list[Kept] | None:

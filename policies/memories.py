@@ -24,6 +24,7 @@ from policies.excerpts import Kept, Salience, clip, error_excerpt, folded_lines,
 from policies.json_excerpt import json_excerpt, json_leaves
 from policies.policy import Compaction, ToolRule
 from policies.redaction import Redactor
+from policies.transcript import short_ref
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ def text_free(view: ArtifactView) -> ArtifactView:
     return replace(view, content="", arguments=arguments)
 
 
+SHA_CHARS = 10  # of the whole result's sha256, in a memory's header: checkable against the artifact's
 NONCE_CHARS = 4  # the fence's tag: markers inside the text are escaped, so it cannot be closed early anyway
 
 
@@ -156,7 +158,8 @@ def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note:
                   terms: frozenset[str] = frozenset(), lines: list[Kept] | None = None) -> str:
     """The compact, model-facing form of one tool result (`lines`: its excerpt, if already taken)."""
     nonce = view.sha256[:NONCE_CHARS]
-    header = f"[compacted artifact:{view.artifact_id}; {view.tool_name or 'tool'} {view.status}; {_size_note(view)}; untrusted excerpt:]"
+    header = (f"[compacted artifact:{short_ref(view.artifact_id)}; {view.tool_name or 'tool'} {view.status}; "
+              f"{_size_note(view)}, sha256 {view.sha256[:SHA_CHARS]}; untrusted excerpt:]")
     if lines is None:
         lines = excerpt(view, rule, c, terms)
     body = "\n".join(escape_untrusted(line.render()) for line in lines)
@@ -170,7 +173,7 @@ def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note:
 def render_notice(view: ArtifactView, reason: str) -> str:
     """What stands in for a result whose content may not be shown at all."""
     return (
-        f"[tool result withheld artifact:{view.artifact_id} | {view.tool_name or 'tool'}"
+        f"[tool result withheld artifact:{short_ref(view.artifact_id)} | {view.tool_name or 'tool'}"
         f" | {view.status} | {reason}]"
     )
 
@@ -209,14 +212,15 @@ def compact_arguments(arguments: str, artifact_ref: str, c: Compaction, min_char
         value = None
     if not isinstance(value, dict):
         head = escape_untrusted(_opening(arguments, c.max_line_chars, redactor))
-        return json.dumps({"compacted": f"artifact:{artifact_ref}", "chars": len(arguments), "head": head},
+        return json.dumps({"compacted": f"artifact:{short_ref(artifact_ref)}", "chars": len(arguments), "head": head},
                           ensure_ascii=False)
     out: dict[str, Any] = {}
     for key, item in value.items():
         if isinstance(item, str) and len(item) > min_chars:
             lines = item.split("\n")
             first = escape_untrusted(_clip_redacted(lines[0], 80, redactor))
-            out[key] = f"[compacted: {len(item)} chars, {len(lines)} lines, starts {first!r}; exact: artifact:{artifact_ref}]"
+            out[key] = (f"[compacted: {len(item)} chars, {len(lines)} lines, starts {first!r}; "
+                        f"exact: artifact:{short_ref(artifact_ref)}]")
         else:
             out[key] = item
     return json.dumps(out, ensure_ascii=False)

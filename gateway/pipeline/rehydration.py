@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from policies.assembly_types import Records
 from policies.memories import ArtifactView
 from policies.policy import Policy
+from policies.transcript import short_ref
 from policies.tokens import count_text
 from policies.visibility import access
 from storage.blobs import BlobCorrupted
@@ -66,6 +67,12 @@ class Rehydrator:
     def __post_init__(self) -> None:
         self._views = {v.artifact_id: v for v in self.records.artifacts.values()}
         self._lineage = self.records.lineage()
+        # Memories name artifacts by short references (policies.transcript.short_ref): this path's resolve here.
+        self._by_ref = {short_ref(artifact_id): artifact_id for artifact_id in self._lineage}
+
+    def full_id(self, asked: str) -> str:
+        """The artifact id a model's reference names on this path (itself when it names none here)."""
+        return asked if asked in self._lineage else self._by_ref.get(asked, asked)
 
     @property
     def name(self) -> str:
@@ -91,7 +98,7 @@ class Rehydrator:
                 arguments = json.loads((call.get("function") or {}).get("arguments") or "{}")
             else:  # an Anthropic tool_use block
                 arguments = call.get("input")
-            artifact_id = str(arguments["artifact_id"]).strip().removeprefix("artifact:")
+            artifact_id = self.full_id(str(arguments["artifact_id"]).strip().removeprefix("artifact:"))
         except (ValueError, KeyError, TypeError, AttributeError):
             return self._refuse(None, "invalid_arguments", 'pass {"artifact_id": "<id after artifact:>"}')
         try:

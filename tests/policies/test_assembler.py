@@ -14,6 +14,7 @@ from policies.memo import reset_memos
 from policies.path_records import records_for_path
 from policies.policy import Policy, policy_from_mapping
 from policies.transcript import message_path
+from policies.transcript import short_ref
 
 TENANT = "t"
 EAGER = {"keep_recent_rounds": 1, "trigger_tokens": 0, "clear_at_least_tokens": 0, "min_tokens": 0,
@@ -64,7 +65,7 @@ def test_old_results_become_memories_naming_their_artifact() -> None:
     for index in (3, 5, 7):
         content = projection.messages[index]["content"]
         artifact = f"art_{path[index].id[:20]}"
-        assert f"artifact:{artifact}" in content and len(content) < len(messages[index]["content"]) / 4
+        assert f"artifact:{short_ref(artifact)}" in content and len(content) < len(messages[index]["content"]) / 4
         assert projection.decisions[index].action == "compacted"
         assert projection.decisions[index].artifact_id == artifact
     assert projection.tokens_forwarded < projection.tokens_original / 2
@@ -265,7 +266,7 @@ def test_a_repeated_output_becomes_a_reference_to_the_first() -> None:
     first = f"art_{path[3].id[:20]}"  # verbatim itself: it is the one the model has seen whole
     assert projection.decisions[7].reason == f"duplicate_of:{first}"
     assert projection.messages[7]["content"].startswith("[duplicate tool result artifact:art_")
-    assert f"the same output as artifact:{first}" in projection.messages[7]["content"]
+    assert f"the same output as artifact:{short_ref(first)}" in projection.messages[7]["content"]
     assert projection.decisions[11].reason == f"duplicate_of:art_{path[9].id[:20]}"
     assert "apart from timestamps" in projection.messages[11]["content"]
     assert projection.tokens_forwarded < projection.tokens_original
@@ -297,9 +298,9 @@ def test_a_later_revision_supersedes_an_earlier_one_and_not_the_other_way() -> N
     projection, _ = project(messages, pol)
     second = projection.decisions[5].artifact_id
     assert projection.decisions[3].action == "superseded"
-    assert projection.messages[3]["content"].endswith(f"(revision 1): replaced by revision 2, artifact:{second}]")
+    assert projection.messages[3]["content"].endswith(f"(revision 1): replaced by revision 2, artifact:{short_ref(second)}]")
     assert projection.decisions[5].action == "compacted"  # the current revision stays as a memory
-    assert projection.decisions[7].action == "superseded" and second in projection.messages[7]["content"]
+    assert projection.decisions[7].action == "superseded" and short_ref(second) in projection.messages[7]["content"]
     assert projection.decisions[9].action == "compacted"
 
 

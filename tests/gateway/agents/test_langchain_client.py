@@ -36,6 +36,7 @@ from pydantic import BaseModel
 
 from testkit.gateway import TENANT_KEY, RunningGateway, settings_for, start_gateway
 from testkit.fake_upstream import FakeUpstream
+from policies.transcript import short_ref
 
 # A tool output with what tends to get mangled on the way: non-ASCII, quotes,
 # backslashes, tabs, CRLF, trailing spaces and a final newline.
@@ -293,7 +294,7 @@ def test_rehydration_round_is_invisible_to_langchain(coding_gateway: RunningGate
     with gateway.client() as http:
         record = http.get(f"/api/requests/{request_id(reply)}").json()
     first_artifact = record["path_artifact_ids"][0]
-    assert gateway.fake.last_body()["messages"][3]["content"].startswith(f"[compacted artifact:{first_artifact};")
+    assert gateway.fake.last_body()["messages"][3]["content"].startswith(f"[compacted artifact:{short_ref(first_artifact)};")
 
     messages.append(reply)
     messages.append(HumanMessage("Quote src/app.py exactly."))
@@ -309,7 +310,7 @@ def test_rehydration_round_is_invisible_to_langchain(coding_gateway: RunningGate
     assert final.usage_metadata["output_tokens"] == 14  # both upstream rounds, summed into the run
 
     asked, answered = gateway.fake.requests[-2:]
-    assert asked["body"]["messages"][3]["content"].startswith(f"[compacted artifact:{first_artifact};")
+    assert asked["body"]["messages"][3]["content"].startswith(f"[compacted artifact:{short_ref(first_artifact)};")
     assert "gateway_rehydrate" in [t["function"]["name"] for t in asked["body"]["tools"]]
     given = answered["body"]["messages"][-1]
     assert given["role"] == "tool" and given["tool_call_id"] == "gw_1"

@@ -15,6 +15,7 @@ import yaml
 
 from testkit.gateway import TENANT_KEY, RunningGateway, settings_for
 from testkit.fake_upstream import FakeUpstream
+from policies.transcript import short_ref
 
 FILLER = "\n".join(f"row {i}: status nominal, nothing to report for this line" for i in range(120))
 
@@ -108,7 +109,7 @@ def test_exact_value_from_an_old_result_stays_reachable(gateway: RunningGateway)
     seen = agent.send(result("c2", "ledger ok\n" + FILLER))
     assert "48,213.77" not in seen  # compacted: the model holds a reference, not the value ...
     decision = next(d for d in agent.assembly()["decisions"] if d["action"] == "compacted")
-    assert f"artifact:{decision['artifact_id']}" in seen
+    assert f"artifact:{short_ref(decision['artifact_id'])}" in seen
     with gateway.client() as http:  # ... and the reference gives back the exact bytes
         assert http.get(f"/api/artifacts/{decision['artifact_id']}").content == invoice.encode()
 

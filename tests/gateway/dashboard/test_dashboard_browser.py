@@ -43,6 +43,7 @@ from tests.conftest import (
     trace_files,
 )
 from testkit.fake_upstream import FakeUpstream
+from policies.transcript import short_ref
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -312,7 +313,7 @@ def test_inspector_shows_kept_and_compacted_messages(acme_page: Any, seeded: See
     # a compacted message's forwarded text names the artifact its raw-artifact link opens
     compacted = page.locator(".decision[data-action=compacted]").first
     link = compacted.locator("xpath=preceding-sibling::div[1]").locator("a.artifact-link")
-    assert f"artifact:{link.get_attribute('data-artifact')}" in compacted.inner_text()
+    assert f"artifact:{short_ref(link.get_attribute('data-artifact'))}" in compacted.inner_text()
     screenshot(page, "inspector.png")
 
 

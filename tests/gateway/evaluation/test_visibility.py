@@ -116,7 +116,7 @@ def test_a_lossy_policy_is_worse_and_coding_agent_keeping_the_facts_makes_no_dif
         assert f'gateway_evaluation_runs_total{{arm="{arm}",tenant="lossy"}} {float(count)}' in metrics
     assert (f'gateway_repeated_calls_total{{arm="projected",tenant="lossy"}} '
             f'{float(repeated["arms"]["projected"]["count"])}') in metrics
-    assert f'gateway_shadows_total{{agreed="false",status="ok",tenant="lossy"}} ' in metrics
+    assert 'gateway_shadows_total{agreed="false",status="ok",tenant="lossy"} ' in metrics
     assert f'gateway_shadows_total{{agreed="true",status="ok",tenant="coder"}} {float(coder["shadow"]["compared"])}' \
         in metrics
 

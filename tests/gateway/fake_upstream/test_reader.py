@@ -22,7 +22,7 @@ from testkit.reader_client import READ_TOOL, reader_workload, run_conversation
 READER = Reader()
 TASK = "Find them.\nREAD a.txt\nREAD b.txt\nNEED CODE\nNEED OWNER"
 MEMORY = ("[compacted artifact:art_0123abcd; read_file ok; 61 lines, 900 tokens; untrusted excerpt:]\n<<<ab12\n"
-          "line 1\n[... lines 2-60 omitted ...]\nline 61\n>>>ab12")
+          "line 1\n[lines 2-60 omitted]\nline 61\n>>>ab12")
 REHYDRATE_TOOL = {"type": "function", "function": {"name": "gateway_rehydrate", "parameters": {"type": "object"}}}
 LOSSY = {"name": "lossy", "version": 1,
          "compaction": {"keep_recent_rounds": 1, "trigger_tokens": 0, "clear_at_least_tokens": 0, "min_tokens": 0,
