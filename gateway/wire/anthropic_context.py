@@ -14,10 +14,10 @@ The projection does not change for it. Clearing tool results on top of the gatew
 change the cached prefix twice (the gateway's epoch move, then the provider's clearing of a batch of
 memories, which free little), but leaving the results to the provider costs more: with
 `bench/format_replay.py --context-management` (Claude Code's edits scaled to the traces), the
-gateway's replay costs 0.68 of the client's own over every trace (at most 1.00 on one), and the
+gateway's replay costs 0.69 of the client's own over every trace (at most 1.00 on one), and the
 provider cleared on top of the projection once in 13 traces; with the gateway's epochs off for such
 requests it cost 0.95 (up to 1.45), and with its kept rounds and batch sizes raised to the edit's
-1.05 (up to 1.26).
+1.05 (up to 1.26; these two measured before the distinctive excerpts, when both acting cost 0.68).
 """
 from __future__ import annotations
 
