@@ -1,6 +1,6 @@
 """The agent traces in every wire format: the same savings, and what Anthropic's cache markers cost.
 
-    .venv/bin/python bench/format_replay.py [--policy coding-agent] [--json]
+    .venv/bin/python bench/format_replay.py [--policy coding-agent] [--json] [--context-management [JSON]]
 
 Every trace in tests/data/traces is converted to Anthropic Messages requests
 (system, user turns, assistant turns with tool_use blocks, tool_result blocks)
@@ -17,6 +17,10 @@ reads 0.1x, writes 1.25x of an input token):
 - the Gemini form (systemInstruction, contents with functionCall and functionResponse
   parts under the trace's call ids) through the gateway's generateContent, to a
   Gemini deployment on the fake's /v1beta routes.
+With --context-management both Anthropic replays (the gateway's and the client's own) ask the
+provider for context editing (`context_management`, with its beta header; by default Claude Code's
+edits scaled to these traces: `CONTEXT_MANAGEMENT`), which the fake applies before it caches or counts
+(gateway/fake_upstream/context_edits.py); the other formats are not replayed then.
 It prints per trace the forwarded-token reduction in every format, the prompt
 cost of the gateway against the client's own Anthropic replay, and invalid
 requests (a call not answered by its result, in either format); then the
@@ -56,6 +60,13 @@ MODEL = "claude-sonnet-4-5"
 GEMINI_MODEL = "gemini-2.5-flash"
 MARKER = {"type": "ephemeral"}
 READ, WRITE = 0.1, 1.25
+# Claude Code's edits (thinking kept; old tool results cleared past a trigger, the latest kept, in
+# batches worth a cache miss), its 180k-token trigger scaled to traces of 2.5k to 25k tokens.
+CONTEXT_MANAGEMENT = {"edits": [
+    {"type": "clear_thinking_20251015", "keep": "all"},
+    {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 5000},
+     "keep": {"type": "tool_uses", "value": 3}, "clear_at_least": {"type": "input_tokens", "value": 1000}}]}
+MANAGED_BETA = {"anthropic-beta": "context-management-2025-06-27"}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -229,7 +240,8 @@ def invalid(body: dict[str, Any]) -> int:
     return problems
 
 
-def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], name: str) -> dict[str, Any]:
+def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], name: str,
+                 managed: dict[str, Any] | None = None) -> dict[str, Any]:
     system, _ = to_anthropic(trace["messages"])
     tools = tools_of(trace)
     row: dict[str, Any] = {"trace": name, "turns": 0}
@@ -238,14 +250,16 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
     forwarded = {"anthropic": 0, "chat": 0, "responses": 0, "gemini": 0}
     bad = 0
     label = {"x-gateway-session": f"bench-{name}"}
+    extra = {"context_management": managed} if managed else {}
+    beta = MANAGED_BETA if managed else {}
     with httpx.Client(timeout=120) as http:
         fake.reset()
         for end in turns(trace["messages"]):
             _, messages = to_anthropic(trace["messages"][:end])
             body = {"model": MODEL, "max_tokens": 1024, "messages": messages, "tools": tools,
-                    **({"system": system} if system else {})}
+                    **({"system": system} if system else {}), **extra}
             response = http.post(f"{gateway_url}/v1/messages", json=claude_code_markers(body),
-                                 headers={"x-api-key": TENANT_KEY, **label})
+                                 headers={"x-api-key": TENANT_KEY, **label, **beta})
             response.raise_for_status()
             gateway_cost += prompt_cost(response.json()["usage"])
             sent["anthropic"] += int(response.headers["x-gateway-tokens-original"])
@@ -256,9 +270,14 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
         for end in turns(trace["messages"]):
             _, messages = to_anthropic(trace["messages"][:end])
             body = {"model": MODEL, "max_tokens": 1024, "messages": messages, "tools": tools,
-                    **({"system": system} if system else {})}
-            response = http.post(f"{fake.url}/v1/messages", json=claude_code_markers(body))
+                    **({"system": system} if system else {}), **extra}
+            response = http.post(f"{fake.url}/v1/messages", json=claude_code_markers(body), headers=beta)
             direct_cost += prompt_cost(response.json()["usage"])
+        if managed:
+            row.update(cost_vs_client=round(gateway_cost / direct_cost, 4) if direct_cost else 1.0,
+                       gateway_cost=round(gateway_cost, 1), client_cost=round(direct_cost, 1),
+                       invalid_requests=bad, tool_calls=sum(len(m.get("tool_calls") or []) for m in trace["messages"]))
+            return row
         fake.reset()
         for end in turns(trace["messages"]):
             body = {"model": "fake", "messages": trace["messages"][:end]}
@@ -306,7 +325,7 @@ def replay_trace(gateway_url: str, fake: FakeUpstream, trace: dict[str, Any], na
     return row
 
 
-def run(policy: str = "coding-agent") -> list[dict[str, Any]]:
+def run(policy: str = "coding-agent", managed: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     rows = []
     with FakeUpstream() as fake, tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
@@ -321,7 +340,7 @@ def run(policy: str = "coding-agent") -> list[dict[str, Any]]:
         gateway, server = start_gateway(settings, fake)
         try:
             for path in sorted(TRACES.glob("*.jsonl")):
-                rows.append(replay_trace(gateway.url, fake, load(path), path.stem))
+                rows.append(replay_trace(gateway.url, fake, load(path), path.stem, managed))
         finally:
             server.stop()
     return rows
@@ -343,11 +362,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="coding-agent")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--context-management", nargs="?", const=json.dumps(CONTEXT_MANAGEMENT), default=None,
+                        metavar="JSON", help="ask the provider for context editing (default: CONTEXT_MANAGEMENT)")
     args = parser.parse_args()
-    rows = run(args.policy)
-    if args.json:
+    managed = json.loads(args.context_management) if args.context_management else None
+    rows = run(args.policy, managed)
+    if args.json or managed:
         for row in rows:
             print(json.dumps(row))
+    if managed:
+        costs = [r["cost_vs_client"] for r in rows]
+        total = sum(r["gateway_cost"] for r in rows) / sum(r["client_cost"] for r in rows)
+        print(f"context management {json.dumps(managed)}: cost vs the client's own replay: max {max(costs):.3f}, "
+              f"median {statistics.median(costs):.3f}, all traces {total:.3f}; "
+              f"invalid requests {sum(r['invalid_requests'] for r in rows)}")
+    if args.json or managed:
         return
     print(f"command: {' '.join(sys.argv)}; policy {args.policy}; cache reads {READ}x, writes {WRITE}x")
     print(f"{'trace':<52} {'turns':>5} {'calls':>5} {'cut chat':>9} {'cut msgs':>9} {'cut resp':>9} {'cut gem':>9} "

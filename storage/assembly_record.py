@@ -57,6 +57,10 @@ class AssemblyRecord:
     # The previous request's replacements on this path with their digests, by message index, as the
     # gateway still holds them (`forwarded`): a message forwarded again in its place is not hashed again.
     earlier_forwarded: Mapping[int, tuple[Mapping[str, Any], str]] | None = None
+    # The provider's own context edits (Anthropic's `context_management`): `edits` as the client asked
+    # them, `applied_edits` as the answer reported them (None: it reported none); empty when none were
+    # asked. Filled in as the request goes, like `rehydrations`; stored after them (`CONTEXT_MANAGEMENT`).
+    provider_edits: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def forwarded(self) -> dict[int, tuple[Mapping[str, Any], str]]:
@@ -89,6 +93,7 @@ class AssemblyRecord:
             "rehydrations": sum(1 for d in decisions if d["action"] == "rehydrated"),
             "timings_ms": self.timings_ms,
             "links": {"parent_request_id": self.parent_request_id},
+            "context_management": dict(self.provider_edits) if self.provider_edits else None,
         }
 
 
@@ -112,6 +117,8 @@ def message_digest(message: dict[str, Any]) -> tuple[str, bytes]:
     return found
 
 
+# The entry after a request's stored decisions that holds its provider edits (`AssemblyRecord.provider_edits`).
+CONTEXT_MANAGEMENT = "context_management"
 MAX_BASE_DEPTH = 32  # a request stores its decisions whole at least every this many requests of a path
 
 
@@ -173,7 +180,8 @@ def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
         out = [d for i, d in notable.items() if not _same_decision(base.get(i), d)]
         out += [{"index": i, "role": d.get("role"), "action": "verbatim", "reason": "kept", "artifact_id": None}
                 for i, d in base.items() if i not in notable]
-    return sorted(out, key=lambda d: d["index"]) + list(record.rehydrations)
+    edits = [{"index": None, "action": CONTEXT_MANAGEMENT, **record.provider_edits}] if record.provider_edits else []
+    return sorted(out, key=lambda d: d["index"]) + list(record.rehydrations) + edits
 
 
 def _epochless(decision: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -243,6 +251,8 @@ def assembly_from_row(row: ContextAssembly, roles: list[str] | None = None,
     decisions it did not store (recorded whole before migration 0005, they need neither). The
     rehydrations are stored after the per-message decisions, as they were made."""
     stored = json.loads(row.decisions_json)
+    managed = next((d for d in stored if d.get("index") is None and d.get("action") == CONTEXT_MANAGEMENT), None)
+    stored = [d for d in stored if d is not managed]
     rehydrations = [d for d in stored if d.get("index") is None]
     if roles is not None and row.forwarded_zlib is None:
         restored = full_decisions(merged_decisions(chain or [row]), roles)
@@ -263,4 +273,5 @@ def assembly_from_row(row: ContextAssembly, roles: list[str] | None = None,
         omissions=json.loads(row.omissions_json),
         timings_ms=json.loads(row.timings_json),
         parent_request_id=row.parent_request_id,
+        provider_edits={k: v for k, v in managed.items() if k not in ("index", "action")} if managed else {},
     )

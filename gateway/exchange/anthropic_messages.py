@@ -5,7 +5,8 @@ stop with no client call left becomes `end_turn`), usage summed. Stream: one
 `message_start`, the content blocks of every round re-indexed as one message
 (text and thinking stream through as they arrive; `tool_use` blocks are held
 until the round ends), one `message_delta` with the final stop reason and the
-summed usage, and `message_stop`.
+summed usage (and the provider's `context_management`, as the last round's `message_delta` told it),
+and `message_stop`. A `compaction` block (Anthropic's server-side compaction) passes as it came.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.exchange.dialect import Answer, Completion, Dialect, GatewayTool
 from gateway.exchange.driver import Exchange
 from gateway.wire import anthropic_messages as wire
+from gateway.wire.anthropic_context import applied_edits
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES, run_usage, sse
 
 
@@ -42,7 +44,8 @@ class MessagesDialect(Dialect):
         kept = [b for b in answer.get("content") or [] if b not in calls]
         stop = _final_stop(answer.get("stop_reason"), kept) if calls else answer.get("stop_reason")
         final = {**answer, "content": kept, "stop_reason": stop, "usage": usage or answer.get("usage")}
-        return Completion(body=final, usage=run_usage(final["usage"]), finish_reason=stop)
+        return Completion(body=final, usage=run_usage(final["usage"]), finish_reason=stop,
+                          applied_edits=applied_edits(answer))
 
     def stream(self, exchange: Exchange) -> "MessagesStream":
         return MessagesStream()
@@ -63,6 +66,7 @@ class MessagesStream:
         self.visible: list[dict[str, Any]] = []  # the client's blocks
         self.usage: dict[str, Any] | None = None
         self.stop_reason: str | None = None
+        self.managed: dict[str, Any] = {}  # the last round's `context_management`, when it told one
         self._next_index = 0
 
     def index(self) -> int:
@@ -83,12 +87,17 @@ class MessagesStream:
         delta = last.delta.get("delta") or {}
         self.usage = usage
         self.stop_reason = _final_stop(delta.get("stop_reason"), self.visible) if calls else delta.get("stop_reason")
-        yield sse({"type": "message_delta", "delta": {**delta, "stop_reason": self.stop_reason}, "usage": usage or {}})
+        if "context_management" in last.delta:
+            self.managed = {"context_management": last.delta["context_management"]}
+        yield sse({"type": "message_delta", "delta": {**delta, "stop_reason": self.stop_reason}, "usage": usage or {},
+                   **self.managed})
 
     @property
     def completion(self) -> Completion:
-        body = {**self.message, "content": self.visible, "stop_reason": self.stop_reason, "usage": self.usage}
-        return Completion(body=body, usage=run_usage(self.usage), finish_reason=self.stop_reason)
+        body = {**self.message, "content": self.visible, "stop_reason": self.stop_reason, "usage": self.usage,
+                **self.managed}
+        return Completion(body=body, usage=run_usage(self.usage), finish_reason=self.stop_reason,
+                          applied_edits=applied_edits(body))
 
     def terminal(self) -> bytes:
         return sse({"type": "message_stop"})
@@ -179,6 +188,8 @@ class _Blocks:
             block["signature"] = block.get("signature", "") + delta.get("signature", "")
         elif kind == "citations_delta":
             block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "compaction_delta":  # the summary whole, as Anthropic's SDK reads it
+            block.update({k: v for k, v in delta.items() if k in ("content", "encrypted_content")})
 
     def finished(self) -> list[dict[str, Any]]:
         for index, raw in self.partial_json.items():

@@ -29,6 +29,9 @@ class Completion:
     body: dict[str, Any]  # in the client's format
     usage: dict[str, Any] | None  # Chat-shaped: prompt/completion/total tokens, cached and cache-write tokens
     finish_reason: str | None
+    # The provider's own context edits the answer reports (Anthropic's `context_management.applied_edits`,
+    # of the round that produced it); None when it reports none
+    applied_edits: list[dict[str, Any]] | None = None
 
 
 class GatewayTool(Protocol):

@@ -12,6 +12,8 @@ Usage simulates Anthropic's prompt cache: only prefixes that end at a
 earlier request wrote that ends at one of its markers or within the 20 blocks
 before one (Anthropic's lookback), writes the rest up to its last marker, and
 pays full price for what follows (`input_tokens`), as the provider reports it.
+A request's `context_management` edits (gateway/fake_upstream/context_edits.py) run first: the cache
+and the counts are those of the edited prompt, and the edits applied come back as Anthropic reports them.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from gateway.fake_upstream import context_edits
 from gateway.fake_upstream.state import FakeState, Step, scripted_failure
 
 
@@ -136,6 +139,10 @@ def _block_events(index: int, block: dict[str, Any]) -> list[str]:
         text = block.get("thinking") or ""
         deltas = [{"type": "thinking_delta", "thinking": text[i : i + 20]} for i in range(0, len(text), 20)]
         deltas.append({"type": "signature_delta", "signature": block.get("signature") or ""})
+    elif kind == "compaction":  # its summary in one compaction_delta, as Anthropic streams it
+        start = {"type": "compaction", "content": None}
+        summary = {k: v for k, v in block.items() if k in ("content", "encrypted_content")}
+        deltas = [{"type": "compaction_delta", **summary}]
     else:  # redacted_thinking, server tool blocks: whole at the start
         start, deltas = block, []
     events = [_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": start})]
@@ -158,9 +165,12 @@ def add_messages_routes(app: FastAPI, state: FakeState) -> None:
         body = await request.json()
         with state.lock:
             number = state.record(request, body, "/v1/messages")
-            refusal = tool_change_refusal(body, request.headers.get("anthropic-beta", ""), state.tool_changes)
+            betas = request.headers.get("anthropic-beta", "")
+            refusal = tool_change_refusal(body, betas, state.tool_changes) or context_edits.refusal(body, betas)
             if refusal is None:
-                usage = cache_usage(body, state.anthropic_cache)
+                edited, applied = context_edits.apply_edits(
+                    body, block_tokens, lambda b: sum(block_tokens(x) for x in prompt_blocks(b)))
+                usage = cache_usage(edited, state.anthropic_cache)
         if refusal is not None:
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": refusal}},
                                 status_code=400)
@@ -173,18 +183,21 @@ def add_messages_routes(app: FastAPI, state: FakeState) -> None:
         message = {"id": f"msg_fake_{number}", "type": "message", "role": "assistant",
                    "model": body.get("model", "fake"), "content": blocks, "stop_reason": stop,
                    "stop_sequence": None, "usage": usage}
+        managed = {"context_management": {"applied_edits": applied}} if applied is not None else {}
+        message.update(managed)
         if not body.get("stream"):
             return JSONResponse(message)
 
         async def events() -> Any:
             start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+            start.pop("context_management", None)  # told at the end, on message_delta
             out = [_event("message_start", {"type": "message_start", "message": start}),
                    _event("ping", {"type": "ping"})]
             for index, block in enumerate(blocks):
                 out += _block_events(index, block)
             out.append(_event("message_delta", {"type": "message_delta",
                                                 "delta": {"stop_reason": stop, "stop_sequence": None},
-                                                "usage": {"output_tokens": usage["output_tokens"]}}))
+                                                "usage": {"output_tokens": usage["output_tokens"]}, **managed}))
             out.append(_event("message_stop", {"type": "message_stop"}))
             for sent, payload in enumerate(out):
                 if step.break_stream_after is not None and sent >= step.break_stream_after:

@@ -89,7 +89,7 @@ def replaced_messages(projection: Projection, messages: list[dict[str, Any]]) ->
 
 def assembly_record(
     projection: Projection, timings_ms: dict[str, float], parent_request_id: str | None = None,
-    messages: list[dict[str, Any]] | None = None,
+    messages: list[dict[str, Any]] | None = None, context_edits: list[dict[str, Any]] | None = None,
 ) -> AssemblyRecord:
     return AssemblyRecord(
         policy_name=projection.policy_name,
@@ -106,4 +106,5 @@ def assembly_record(
         timings_ms=timings_ms,
         parent_request_id=parent_request_id,
         replaced=replaced_messages(projection, messages) if messages is not None else None,
+        provider_edits={"edits": context_edits, "applied_edits": None} if context_edits is not None else {},
     )

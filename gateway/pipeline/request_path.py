@@ -309,7 +309,8 @@ def _capture_and_project(services: Services, recorder: RunRecorder, policy: Poli
         if span.is_recording():
             span.set_attributes(assembly_attributes(path, projection))
     timings = {"ingest": round(ingest_ms, 3), "assemble": round(assembly_ms, 3)}
-    record = assembly_record(projection, timings, run.parent_request_id, [n.message for n in path])
+    record = assembly_record(projection, timings, run.parent_request_id, [n.message for n in path],
+                             context_edits=neutral.context_edits)
     return Prepared(ingest, projection, records, record, policy, midway)
 
 

@@ -184,6 +184,8 @@ class RunRecorder:
         if answered is not None and answered.prices is not None and answered.prices != accounting.prices:
             accounting = replace(accounting, prices=answered.prices)  # a deployment priced otherwise answered
         outcome = outcomes.success(completion, self.started, accounting)
+        if self.assembly is not None and self.assembly.provider_edits:
+            self.assembly.provider_edits["applied_edits"] = completion.applied_edits
         answer = self.answer = self.answer_of(completion.body) if self.answer_of is not None else None
         if self.opens_conversation and answer is not None:
             outcome = replace(outcome, answer=answer)

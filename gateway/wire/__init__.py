@@ -29,6 +29,9 @@ class NeutralRequest:
     sse: bool = True  # a stream as server-sent events (Gemini's `alt=sse`); else its JSON-array stream
     # Digests of `messages`' exact JSON (gateway/wire/seen_messages.py), where parsing worked them out
     digests: list[bytes | None] | None = None
+    # The provider-side context edits the client asks for (Anthropic's `context_management.edits`,
+    # forwarded as sent): recorded on the run, and the projection leaves to the provider what it clears
+    context_edits: list[dict[str, Any]] | None = None
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:

@@ -27,6 +27,7 @@ from gateway.errors import GatewayError, InvalidRequest
 from gateway.pipeline.cache_markers import place_markers
 from gateway.pipeline.tool_additions import addition_message, insert_at
 from gateway.wire import NeutralRequest
+from gateway.wire.anthropic_context import asked_edits, check_context_management
 from gateway.wire.json_body import check_count, check_text, param_path, parse_json_object
 from policies.protocol import orphan_tool_messages
 
@@ -174,6 +175,8 @@ def _check(body: dict[str, Any], *, needs_max_tokens: bool) -> _MessagesBody:
     if needs_max_tokens and checked.max_tokens is None:
         raise InvalidRequest("max_tokens: is required", param="max_tokens")
     check_text(checked.model, "model")
+    if "context_management" in body:
+        check_context_management(body["context_management"])
     if isinstance(checked.system, list):
         for number, block in enumerate(checked.system):
             _check_block(block, f"system[{number}]", "user")
@@ -192,12 +195,9 @@ def parse_messages_body(body: dict[str, Any], *, needs_max_tokens: bool = True) 
         index, reason = orphans[0]
         reason = reason.replace("tool_call_id", "tool_use_id").replace("a tool message", "a tool_result block")
         raise InvalidRequest(f"{where[index]}: {reason}", param=where[index], code="invalid_tool_message")
-    return NeutralRequest(
-        model=checked.model,
-        messages=messages,
-        stream=bool(checked.stream),
-        params={k: v for k, v in body.items() if k not in _OWN_FIELDS},
-    )
+    params = {k: v for k, v in body.items() if k not in _OWN_FIELDS}
+    return NeutralRequest(model=checked.model, messages=messages, stream=bool(checked.stream), params=params,
+                          context_edits=asked_edits(params))
 
 
 # -- from the neutral transcript back to Anthropic's shape ----------------------

@@ -13,7 +13,16 @@ gateway does not name (gateway/upstream/litellm_client/params.py) goes:
   (Bedrock): a field added after signing would void the signature.
 
 Claude Code sends Anthropic's newest fields (context management, betas' fields) as soon as it uses
-them; passed on, they work as they do against Anthropic directly.
+them; passed on, they work as they do against Anthropic directly. The client's `anthropic-beta`
+header reaches a native deployment as it was sent: LiteLLM merges the betas it adds into a sorted
+list, and `BodyFields` puts the client's back in their order (the added ones after them).
+
+`context_management` (LiteLLM names it) goes to a native deployment as sent. An adapted one gets it
+through LiteLLM's adapter, which applies `clear_tool_uses_20250919` itself (on what the gateway
+forwards, reporting `applied_edits` as Anthropic does) and has nothing to clear for
+`clear_thinking_20251015` (Claude Code sends it whenever thinking is on, so it must not fail the
+request); any other edit (`compact_20260112`: the adapter would make a summary call of its own,
+which the gateway neither routes nor records) is refused with a 400 naming it.
 
 Reading what LiteLLM's Messages calls give back is here too: SSE frames (`SseFrames`), the events of
 a message answered whole (`message_events`), an error event's UpstreamError (`event_error`).
@@ -33,20 +42,52 @@ from gateway.upstream.litellm_client.base import litellm
 from policies.memo import memo
 
 
+BETA_HEADER = "anthropic-beta"
+# The edits LiteLLM's adapter takes for a deployment that does not speak Messages (see above).
+ADAPTED_EDITS = frozenset({"clear_tool_uses_20250919", "clear_thinking_20251015"})
+
+
 class BodyFields(AsyncHTTPHandler):
     """LiteLLM's pooled HTTP client for Anthropic-native calls, posting JSON bodies with `fields` added
-    (the body's own keys win). Made per call: it shares the pool, and holds no state beyond its fields."""
+    (the body's own keys win) and the client's `betas` in the order it sent them. Made per call: it
+    shares the pool, and holds no state beyond its fields and betas."""
 
-    def __init__(self, inner: AsyncHTTPHandler, fields: Mapping[str, Any]) -> None:  # no pool of its own
-        self.__dict__.update(inner.__dict__)
+    def __init__(self, inner: AsyncHTTPHandler, fields: Mapping[str, Any], betas: str | None = None) -> None:
+        self.__dict__.update(inner.__dict__)  # no pool of its own
         self.fields = dict(fields)
+        self.betas = betas
 
     async def post(self, url: str, data: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(data, (str, bytes)):
+        if self.fields and isinstance(data, (str, bytes)):
             body = json.loads(data)
             if isinstance(body, dict):
                 data = json.dumps({**body, **{k: v for k, v in self.fields.items() if k not in body}})
+        headers = kwargs.get("headers")
+        if self.betas and isinstance(headers, dict) and isinstance(headers.get(BETA_HEADER), str):
+            kwargs["headers"] = {**headers, BETA_HEADER: betas_as_sent(self.betas, headers[BETA_HEADER])}
         return await super().post(url, data, *args, **kwargs)
+
+
+def betas_as_sent(sent: str, merged: str) -> str:
+    """The `anthropic-beta` value LiteLLM made (`merged`) with the client's betas (`sent`) as it wrote
+    them: its exact text when LiteLLM added none, else its betas in its order, then the added ones."""
+    ours = [b.strip() for b in sent.split(",") if b.strip()]
+    theirs = [b.strip() for b in merged.split(",") if b.strip()]
+    if set(ours) == set(theirs):
+        return sent
+    kept = [b for b in dict.fromkeys(ours) if b in theirs]
+    return ",".join(kept + [b for b in theirs if b not in kept])
+
+
+def _check_adapted_edits(value: Any) -> None:
+    """A 400 naming an edit of `context_management` LiteLLM's adapter would not apply by itself."""
+    edits = value.get("edits") if isinstance(value, dict) else None
+    for index, edit in enumerate(edits if isinstance(edits, list) else ()):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if kind not in ADAPTED_EDITS:
+            param = f"context_management.edits[{index}]"
+            raise InvalidRequest(f"{param}: the edit {kind} is applied by Anthropic's API, which this model is not "
+                                 "served by", param=param, code="unsupported_parameter")
 
 
 @memo(maxsize=256)
@@ -66,22 +107,25 @@ def _native(model: str, custom_provider: str | None, api_base: str | None) -> tu
 
 def place_fields(kwargs: dict[str, Any], client_fields: Mapping[str, Any]) -> dict[str, Any]:
     """`acreate`'s arguments with their `extra_body` (the deployment's and `client_fields`) placed where
-    LiteLLM's route for the deployment sends it."""
+    LiteLLM's route for the deployment sends it, and the client's betas kept in its order; a 400 for an
+    edit of `context_management` that an adapted deployment would not apply."""
     extra = kwargs.pop("extra_body", None)
-    if not extra:
-        return kwargs
     native, signs = _native(str(kwargs["model"]), kwargs.get("custom_llm_provider"), kwargs.get("api_base"))
     if not native:
-        return {**kwargs, "extra_body": extra}
+        _check_adapted_edits(kwargs.get("context_management"))
+        return {**kwargs, "extra_body": extra} if extra else kwargs
     if signs:
-        refused = next((key for key in extra if key in client_fields), None)
+        refused = next((key for key in extra or () if key in client_fields), None)
         if refused is not None:
             raise InvalidRequest(f"Unrecognized request argument supplied: {refused} (this model's provider signs "
                                  "its requests, and takes only the fields the gateway names)", param=refused,
                                  code="unknown_parameter")
         return kwargs
+    betas = (kwargs.get("extra_headers") or {}).get(BETA_HEADER)
+    if not extra and not betas:
+        return kwargs
     inner = get_async_httpx_client(llm_provider=litellm.LlmProviders.ANTHROPIC)
-    return {**kwargs, "client": BodyFields(inner, extra)}
+    return {**kwargs, "client": BodyFields(inner, extra or {}, betas)}
 
 
 class SseFrames:

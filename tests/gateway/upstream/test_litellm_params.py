@@ -11,7 +11,7 @@ import pytest
 from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
 
 from gateway.errors import InvalidRequest
-from gateway.upstream.litellm_client.anthropic_fields import BodyFields, place_fields
+from gateway.upstream.litellm_client.anthropic_fields import BodyFields, betas_as_sent, place_fields
 from gateway.upstream.litellm_client.params import LITELLM_OPTIONS, NAMED, refused, split_body
 
 STEERING = ["api_base", "base_url", "api_key", "custom_llm_provider", "headers", "extra_headers", "extra_body",
@@ -78,3 +78,22 @@ async def test_body_fields_adds_what_the_body_lacks() -> None:
     client = BodyFields(AsyncHTTPHandler(transport=httpx.MockTransport(answer)), {"new_field": 1, "model": "evil"})
     await client.post("http://a.test/v1/messages", data=json.dumps({"model": "claude", "max_tokens": 1}))
     assert sent == [{"model": "claude", "max_tokens": 1, "new_field": 1}]  # the body's own keys win
+
+
+def test_the_clients_betas_keep_their_order() -> None:
+    assert betas_as_sent("b-2,a-1", "a-1,b-2") == "b-2,a-1"  # LiteLLM sorted them: the client's text back
+    assert betas_as_sent("b-2, a-1", "a-1,b-2,c-3") == "b-2,a-1,c-3"  # one LiteLLM added goes after them
+    assert betas_as_sent("b-2,a-1", "a-1") == "a-1"  # one LiteLLM filtered out for the provider stays out
+
+
+def test_context_management_to_an_adapted_deployment_takes_the_adapters_edits_only() -> None:
+    kept = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}, {"type": "clear_tool_uses_20250919"}]}
+    adapted = place_fields({**_kwargs("openai/gpt-4o", api_base="http://a.test/v1"), "context_management": kept}, {})
+    assert adapted["context_management"] == kept
+    with pytest.raises(InvalidRequest) as caught:
+        place_fields({**_kwargs("openai/gpt-4o", api_base="http://a.test/v1"),
+                      "context_management": {"edits": [{"type": "compact_20260112"}]}}, {})
+    assert caught.value.param == "context_management.edits[0]"
+    native = place_fields({**_kwargs("anthropic/claude-sonnet-4-5", api_base="http://a.test"),
+                           "context_management": {"edits": [{"type": "compact_20260112"}]}}, {"new_field": 1})
+    assert native["context_management"] == {"edits": [{"type": "compact_20260112"}]}  # Anthropic's: as sent
