@@ -21,6 +21,7 @@ from gateway.access.budgets import Budgets
 from gateway.access.dashboard_sessions import SessionSigner
 from gateway.access.key_cache import DatabaseKeys
 from gateway.api import admin as admin_api
+from gateway.api import compactions as compactions_api
 from gateway.api import evaluation as evaluation_api
 from gateway.api import gemini_routes, model_routes
 from gateway.api import keys as keys_api
@@ -287,6 +288,7 @@ def _add_routes(app: FastAPI, settings: Settings, metrics: GatewayMetrics) -> No
     app.include_router(gemini_routes.router)
     app.include_router(records_api.router)
     app.include_router(evaluation_api.router)
+    app.include_router(compactions_api.router)
     app.include_router(dashboard.router)
     app.include_router(admin_api.router)
     app.include_router(keys_api.router)

@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 
 from policies.transcript import label_conversation_id
 from storage.schema import (
-    Blob, ContextAssembly, Conversation, ConversationNode, ForwardedMessage, MessageNode, ModelRun, ToolArtifact, ToolCall,
+    Blob, Compaction, ContextAssembly, Conversation, ConversationNode, ForwardedMessage, MessageNode, ModelRun,
+    ToolArtifact, ToolCall,
 )
 from storage.store_base import StoreBase
 
@@ -75,6 +76,8 @@ class Deletion(StoreBase):
                 delete(ModelRun).where(ModelRun.tenant == tenant, ModelRun.conversation_id.in_(conversations))
             ).rowcount
             session.execute(delete(Conversation).where(Conversation.tenant == tenant, Conversation.id.in_(conversations)))
+            counts["compactions"] = session.execute(delete(Compaction).where(
+                Compaction.tenant == tenant, Compaction.conversation_id.in_(conversations))).rowcount
             counts["forwarded_messages"] = session.execute(delete(ForwardedMessage).where(
                 ForwardedMessage.tenant == tenant, ForwardedMessage.conversation_id.in_(conversations))).rowcount
             transcript, blob_keys = self._delete_transcripts(session, tenant, list(conversations))

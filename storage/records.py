@@ -6,7 +6,8 @@ side (`storage/reads.py`), deletion and blob collection
 (`storage/deletion.py`), retention and garbage collection (`storage/retention.py`), tenant
 purge (`storage/purge.py`), serving instances and the runs a dead one left
 pending (`storage/instances.py`), keys made through the API (`storage/api_keys.py`), dashboard sessions
-(`storage/dashboard_sessions.py`), key rotation (`storage/rotation.py`).
+(`storage/dashboard_sessions.py`), key rotation (`storage/rotation.py`), remote compactions
+(`storage/compactions.py`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sqlalchemy import text
 
 from storage.api_keys import KeyRecords
 from storage.capture import Capture
+from storage.compactions import Compactions
 from storage.dashboard_sessions import DashboardSessions
 from storage.evaluations import Evaluations
 from storage.instances import Instances
@@ -29,7 +31,8 @@ from storage.retention import Retention
 _MIGRATION_LOCK = 0x6761_7465  # "gate": the advisory lock id migrations hold on PostgreSQL
 
 
-class RecordStore(Capture, Reads, Retention, Purge, Instances, KeyRecords, DashboardSessions, Rotation, Evaluations):
+class RecordStore(Capture, Reads, Retention, Purge, Instances, KeyRecords, DashboardSessions, Rotation, Evaluations,
+                  Compactions):
     def create_schema(self) -> None:
         """Bring the database to the latest schema (Alembic migrations in storage/migrations).
 

@@ -336,3 +336,25 @@ class DashboardSession(Base):
     tenant: Mapped[str | None] = mapped_column(TENANT, index=True)  # None: an admin key
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class Compaction(Base):
+    """One remote compaction a client asked for (Codex's `compaction_trigger`, `POST /v1/responses/compact`):
+    forwarded to the provider's own endpoint, or answered by the gateway with a signed reference to the
+    transcript it captured (gateway/pipeline/compaction.py). Counts only: the transcript is the run's."""
+
+    __tablename__ = "compactions"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)  # cmp_<hex>, the compaction item's id
+    tenant: Mapped[str] = mapped_column(TENANT, index=True)
+    request_id: Mapped[str] = mapped_column(ID, index=True)  # the run that captured the compacted transcript
+    conversation_id: Mapped[str | None] = mapped_column(ID, index=True)
+    source: Mapped[str] = mapped_column(String(16))  # "provider" (forwarded) or "gateway" (answered here)
+    endpoint: Mapped[str] = mapped_column(String(32))  # "responses" (a trigger item) or "responses/compact"
+    model: Mapped[str] = mapped_column(String(256))
+    input_items: Mapped[int] = mapped_column(Integer)  # the client's input items, compacted
+    input_tokens: Mapped[int] = mapped_column(Integer)  # their tokens as the client sent them
+    forwarded_tokens: Mapped[int] = mapped_column(Integer)  # tokens sent to the provider (0 when answered here)
+    output_items: Mapped[int] = mapped_column(Integer)
+    output_bytes: Mapped[int] = mapped_column(Integer)  # the answer's output items, as JSON
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

@@ -15,7 +15,7 @@ from gateway.services import PrincipalDep, Services, ServicesDep
 from gateway.threads import off_loop
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES
 from gateway.wire.openai_chat import OPENAI_CHAT
-from gateway.wire.openai_responses import OPENAI_RESPONSES, request_id_for
+from gateway.wire.openai_responses import OPENAI_RESPONSES, OPENAI_RESPONSES_COMPACT, request_id_for
 
 router = APIRouter()
 
@@ -43,6 +43,13 @@ async def count_tokens(request: Request, services: ServicesDep) -> dict[str, int
 @router.post("/responses", include_in_schema=False)
 async def responses(request: Request, services: ServicesDep) -> Response:
     return await pipeline.handle(request, services, OPENAI_RESPONSES)
+
+
+@router.post("/v1/responses/compact")
+@router.post("/responses/compact", include_in_schema=False)
+async def compact_response(request: Request, services: ServicesDep) -> Response:
+    """OpenAI's compaction endpoint, for every provider (gateway/pipeline/compaction.py)."""
+    return await pipeline.handle(request, services, OPENAI_RESPONSES_COMPACT)
 
 
 async def _stored_response(services: ServicesDep, principal: PrincipalDep, response_id: str) -> tuple[str, dict[str, Any]]:

@@ -5,6 +5,7 @@ A tenant key sees only its tenant's records (another tenant's id answers
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -141,4 +142,6 @@ async def request_record(request_id: str, principal: PrincipalDep, services: Ser
         "captured_artifacts": [a.metadata() for a in record.captured_artifacts],
         "path_artifact_ids": list(record.path_artifact_ids),
         "assembly": record.assembly.as_dict() if record.assembly else None,
+        "compactions": [c.as_json() for c in await aside(partial(services.store.compactions, principal.scope(),
+                                                                 request_id=request_id))],
     }

@@ -1,6 +1,6 @@
 """The fake upstream's app: the four model APIs on one server, and its control routes.
 
-`POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/messages` (with
+`POST /v1/chat/completions`, `POST /v1/responses` (with `/v1/responses/compact`), `POST /v1/messages` (with
 `/v1/messages/count_tokens`, `/v1/embeddings`, `/v1/completions`, `GET /v1/models`) and Gemini's
 `POST /v1beta/models/{model}:generateContent` (with `streamGenerateContent`, `countTokens`),
 streamed and not, each answering the next step of the shared state. Control:
@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 
 from gateway.fake_upstream.agent import AgentScript
 from gateway.fake_upstream.chat import add_chat_routes
+from gateway.fake_upstream.compaction import add_compaction_routes
 from gateway.fake_upstream.gemini import add_gemini_routes
 from gateway.fake_upstream.messages import add_messages_routes
 from gateway.fake_upstream.reader import Reader
@@ -62,6 +63,7 @@ def build_app(state: FakeState) -> FastAPI:
     add_chat_routes(app, state)
     add_messages_routes(app, state)
     add_responses_routes(app, state)
+    add_compaction_routes(app, state)
     add_gemini_routes(app, state)
     return app
 

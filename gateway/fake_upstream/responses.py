@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from gateway.fake_upstream.compaction import expanded
 from gateway.fake_upstream.state import FakeState, Step, scripted_failure
 
 
@@ -110,7 +111,7 @@ def add_responses_routes(app: FastAPI, state: FakeState) -> None:
             earlier = [([{"instructions": r["body"].get("instructions")}] if r["body"].get("instructions") else [])
                        + input_items(r["body"]) for r in state.requests if r.get("path") == "/v1/responses"]
             number = state.record(request, body, "/v1/responses")
-        step = state.answer(body, state.responses_responder)
+        step = state.answer(expanded(state, body), state.responses_responder)
         if (failure := await scripted_failure(step)) is not None:
             return failure
         response = {"id": f"resp_fake_{number}", "object": "response", "created_at": int(time.time()),

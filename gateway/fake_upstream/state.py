@@ -55,6 +55,10 @@ class FakeState:
     keep_requests: int | None = None  # standalone: remember only the latest N requests
     default_step: dict[str, Any] | None = None  # the step of every unscripted answer (POST /_default)
     received: int = 0  # requests since the start or the last reset (answers are numbered by it)
+    # /v1/responses/compact (gateway/fake_upstream/compaction.py): what each compaction item stands for,
+    # by its number; False answers 404, as a server without the endpoint does
+    compacted: dict[str, list[Any]] = field(default_factory=dict)
+    compact_endpoint: bool = True
 
     def next_step(self) -> Step:
         with self.lock:
@@ -87,6 +91,8 @@ class FakeState:
             self.tool_changes = True
             self.default_step = None
             self.received = 0
+            self.compacted.clear()
+            self.compact_endpoint = True
 
 
 async def scripted_failure(step: Step, anthropic: bool = False, google: bool = False) -> Response | None:

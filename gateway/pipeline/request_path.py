@@ -28,6 +28,8 @@ from gateway.errors import (
     RateLimitExceeded,
 )
 from gateway.exchange import DIALECTS, Exchange, Relay, complete
+from gateway.pipeline.compaction import compactor_for
+from gateway.pipeline.compaction_refs import expanded
 from gateway.pipeline.continuation import continued
 from gateway.pipeline.outcomes import Accounting, offline_deployment
 from gateway.pipeline.projection import assembly_record, project, projected_tokens
@@ -35,7 +37,7 @@ from gateway.pipeline.rehydration import DESCRIPTION, PARAMETERS, Rehydrator
 from gateway.pipeline.run_recorder import RecordedAnswer, RecordedStream, RunRecorder
 from gateway.services import Services
 from gateway.threads import off_loop
-from gateway.upstream.seam import Attempt, UpstreamRequest, closing
+from gateway.upstream.seam import Attempt, UpstreamClient, UpstreamRequest, closing
 from gateway.wire import NeutralRequest, WireFormat
 from gateway.wire.json_body import check_text
 from policies.assembly_types import Projection, Records
@@ -357,6 +359,7 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
     await services.budgets.check(principal)
     if neutral.previous_response_id is not None:
         neutral = await continued(services, tenant.id, neutral)
+    neutral = await expanded(services, tenant.id, neutral)  # the gateway's own compaction items, made transcripts
     policy = tenant_policy = services.policies[tenant.id]  # one policy for the whole request, from capture on
     run = _run_start(request, principal, neutral, model, wire, redact=policy.redaction.on_capture)
     recorder = RunRecorder(services.store, services.metrics, run, request.scope, services.recent_assemblies,
@@ -385,10 +388,12 @@ async def handle(request: Request, services: Services, wire: WireFormat) -> Resp
         exchange = _exchange(services, run, request, neutral, wire, model, policy, projection, records, assembly,
                              ingest.previous_leaf_position, recorder.attempts, tenant.allowed_models, midway)
         _shadow_when_picked(services, recorder, tenant_policy, wire, neutral, exchange)
+        upstream = compactor_for(services, run, ingest.conversation_id, neutral, model.provider_name,
+                                 projection) or services.upstream  # a remote compaction: forwarded, or answered
         recorder.forwarding()
         if neutral.stream:
-            return await _stream(services, exchange, recorder, headers)
-        completion = await complete(services.upstream, exchange)
+            return await _stream(services, upstream, exchange, recorder, headers)
+        completion = await complete(upstream, exchange)
         return RecordedAnswer(completion.body, recorder, recorder.success(completion), headers)
 
 
@@ -397,7 +402,8 @@ def _shadow_when_picked(services: Services, recorder: RunRecorder, policy: Polic
     """A projected request the policy's `evaluation.shadow_share` picks is sent again unprojected once its
     client has the answer (gateway/evaluation/shadows.py)."""
     run, shadows, accounting = recorder.start, services.shadows, recorder.accounting
-    if shadows is None or accounting is None or run.evaluation_arm != PROJECTED or not shadowed(policy, run.request_id):
+    if shadows is None or accounting is None or run.evaluation_arm != PROJECTED or neutral.compaction is not None \
+            or not shadowed(policy, run.request_id):
         return
     job = ShadowJob(tenant=run.tenant, request_id=run.request_id,
                     budget_usd=policy.evaluation.shadow_budget_usd_per_day, wire=wire, client=neutral,
@@ -406,8 +412,9 @@ def _shadow_when_picked(services: Services, recorder: RunRecorder, policy: Polic
     recorder.on_answered = lambda outcome, answer: shadows.start(job, answer, outcome.cost_original_usd)
 
 
-async def _stream(services: Services, exchange: Exchange, recorder: RunRecorder, headers: dict[str, str]) -> Response:
-    relay = Relay(services.upstream, exchange)
+async def _stream(services: Services, upstream: UpstreamClient, exchange: Exchange, recorder: RunRecorder,
+                  headers: dict[str, str]) -> Response:
+    relay = Relay(upstream, exchange)
     await relay.start()  # an error before the first event is an ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:

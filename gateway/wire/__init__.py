@@ -32,6 +32,9 @@ class NeutralRequest:
     # The provider-side context edits the client asks for (Anthropic's `context_management.edits`,
     # forwarded as sent): recorded on the run, and the projection leaves to the provider what it clears
     context_edits: list[dict[str, Any]] | None = None
+    # A remote compaction the client asks for (gateway/pipeline/compaction.py): "responses" (a Responses
+    # request ending in a `compaction_trigger` item, taken off), "responses/compact" (that endpoint); else None
+    compaction: str | None = None
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:

@@ -9,6 +9,11 @@ listed as `tool_calls` too; each `function_call_output` or
 `custom_tool_call_output` is a tool message. So the assembler sees calls and
 answers as on every path.
 
+A `compaction` item (Codex's remote compaction: the provider's opaque summary, or the gateway's
+signed reference, gateway/pipeline/compaction.py) is an assistant turn of its own, so it can be
+replaced whole; a `compaction_trigger` item ends a request that asks for one, and is taken off
+(`NeutralRequest.compaction`). `POST /v1/responses/compact` is the same format (`OPENAI_RESPONSES_COMPACT`).
+
 Out: the projection is rendered back into items in the same order; a compacted
 output carries the memory text; a call whose arguments were compacted gets the
 compacted arguments. Answers and stream events are the Responses API's own.
@@ -16,6 +21,7 @@ compacted arguments. Answers and stream events are the Responses API's own.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
@@ -32,6 +38,7 @@ _OWN_FIELDS = ("model", "input", "stream", "previous_response_id")
 _CALLS = {"function_call": "arguments", "custom_tool_call": "input"}
 _OUTPUTS = ("function_call_output", "custom_tool_call_output")
 _MESSAGE_ROLES = ("user", "system", "developer")
+TRIGGER = "compaction_trigger"
 
 
 class _Open(BaseModel):
@@ -74,6 +81,11 @@ def _check_item(item: Any, param: str) -> None:
                                      param=f"{param}.content[{number}]")
             if part["type"] in ("input_text", "output_text") and not isinstance(part.get("text"), str):
                 raise InvalidRequest(f"{param}.content[{number}].text: a string", param=f"{param}.content[{number}].text")
+    elif kind == "compaction":
+        if not isinstance(item.get("encrypted_content"), str):
+            raise InvalidRequest(f"{param}.encrypted_content: a string", param=f"{param}.encrypted_content")
+    elif kind == TRIGGER:
+        raise InvalidRequest(f"{param}: a compaction_trigger item ends the input", param=param)
     elif kind in _CALLS or kind in _OUTPUTS:
         for field in ("call_id",) + (("name", _CALLS[kind]) if kind in _CALLS else ()):
             if not isinstance(item.get(field), str):
@@ -123,6 +135,10 @@ def to_neutral(instructions: str | None, items: list[dict[str, Any]]) -> tuple[l
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item.get("output"),
                         "responses_item": _without(item, "output")})
             where.append(here)
+        elif kind == "compaction":  # stands for the turns it compacted: a turn of its own
+            close()
+            out.append({"role": "assistant", "content": [item]})
+            where.append(here)
         else:  # something the model produced: part of its turn
             if turn is None:
                 turn = {"role": "assistant", "content": [], "tool_calls": []}
@@ -152,6 +168,9 @@ def parse_responses_body(body: dict[str, Any]) -> NeutralRequest:
     if checked.previous_response_id is not None:
         check_text(checked.previous_response_id, "previous_response_id")
     items = _items(checked.input)
+    trigger = bool(items) and isinstance(items[-1], dict) and items[-1].get("type") == TRIGGER
+    if trigger:
+        items = items[:-1]
     for index, item in enumerate(items):
         _check_item(item, f"input[{index}]")
     messages, where = to_neutral(checked.instructions, items)
@@ -163,6 +182,7 @@ def parse_responses_body(body: dict[str, Any]) -> NeutralRequest:
         stream=bool(checked.stream),
         params={k: v for k, v in body.items() if k not in _OWN_FIELDS},
         previous_response_id=checked.previous_response_id,
+        compaction="responses" if trigger else None,
     )
 
 
@@ -309,3 +329,20 @@ class OpenAIResponses:
 
 
 OPENAI_RESPONSES = OpenAIResponses()
+
+
+class OpenAIResponsesCompact(OpenAIResponses):
+    """`POST /v1/responses/compact`: `model`, `input` (or `previous_response_id`) and `instructions`; answered
+    whole (a `response.compaction` object), never streamed."""
+
+    def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        body = check_count(parse_json_object(raw), "input", max_messages)
+        if "input" not in body:
+            if body.get("previous_response_id") is None:
+                raise InvalidRequest("input: is required (or previous_response_id)", param="input")
+            body = {**body, "input": []}
+        neutral = parse_responses_body({k: v for k, v in body.items() if k != "stream"})
+        return replace(neutral, compaction="responses/compact")
+
+
+OPENAI_RESPONSES_COMPACT = OpenAIResponsesCompact()
