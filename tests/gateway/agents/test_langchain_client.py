@@ -269,9 +269,11 @@ def test_long_conversation_is_compacted_upstream_but_whole_in_langchain(coding_g
         assert raw.status_code == 200 and raw.content == file_content(PATHS[0]).encode()
         record = http.get(f"/api/requests/{request_id(replies[-1])}").json()
     assert record["assembly"]["policy"]["name"] == "coding-agent"
-    assert artifact_id in record["path_artifact_ids"]
+    # The memory's short reference names one artifact of the path; the records keep its full id.
+    (full,) = [a for a in record["path_artifact_ids"] if a.startswith(artifact_id)]
+    assert raw.headers["x-artifact-id"] == full and short_ref(full) == artifact_id
     decision = record["assembly"]["decisions"][3]  # system, user, assistant, then the first result
-    assert (decision["role"], decision["action"], decision["artifact_id"]) == ("tool", "compacted", artifact_id)
+    assert (decision["role"], decision["action"], decision["artifact_id"]) == ("tool", "compacted", full)
 
 
 def rehydrate_call(artifact_id: str) -> dict:
