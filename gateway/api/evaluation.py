@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 
 from gateway.dashboard.savings import parse_moment
-from gateway.errors import NotFound
+from gateway.api.records import scoped_tenant
 from gateway.evaluation.report import evaluation_report
 from gateway.pipeline.run_recorder import outcomes_written
 from gateway.services import PrincipalDep, ServicesDep
@@ -22,10 +22,7 @@ router = APIRouter(prefix="/api", dependencies=[Depends(outcomes_written)])
 
 async def evaluation_of(services: ServicesDep, principal: PrincipalDep, tenant: str | None, model: str | None,
                         policy_version: str | None, start: str | None, end: str | None) -> dict[str, Any]:
-    scope = principal.scope()
-    if tenant and scope is not None and tenant != scope:
-        raise NotFound(f"No tenant '{tenant}'.", param="tenant", code="tenant_not_found")
-    chosen = tenant or scope
+    chosen = scoped_tenant(principal, tenant)
     since, until = parse_moment(start, "from"), parse_moment(end, "to", end=True)
     rows = await aside(services.store.evaluation_conversations, chosen, model, policy_version, since, until)
     filters = {"tenant": chosen, "model": model, "policy_version": policy_version, "from": start, "to": end}

@@ -105,12 +105,18 @@ async def savings(
     return await savings_ledger(services, principal, start, end, model, session, tenant)
 
 
-async def savings_ledger(services: ServicesDep, principal: PrincipalDep, start: str | None, end: str | None,
-                         model: str | None, session: str | None, tenant: str | None) -> dict[str, Any]:
+def scoped_tenant(principal: PrincipalDep, tenant: str | None) -> str | None:
+    """The tenant a read covers: a tenant key's own (another named is 404, as if it did not exist), an
+    admin's `?tenant=`, else None (every tenant)."""
     scope = principal.scope()
     if tenant and scope is not None and tenant != scope:
         raise NotFound(f"No tenant '{tenant}'.", param="tenant", code="tenant_not_found")
-    chosen = tenant or scope
+    return tenant or scope
+
+
+async def savings_ledger(services: ServicesDep, principal: PrincipalDep, start: str | None, end: str | None,
+                         model: str | None, session: str | None, tenant: str | None) -> dict[str, Any]:
+    chosen = scoped_tenant(principal, tenant)
     since, until = parse_moment(start, "start"), parse_moment(end, "end", end=True)
     rows = await aside(services.store.savings_rows, chosen, since, until, model, session)
     filters = {"tenant": chosen, "start": start, "end": end, "model": model, "session": session}
