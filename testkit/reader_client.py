@@ -3,10 +3,13 @@
 `reader_workload` writes a task (READ and NEED lines) and the files it names, with each fact on the line
 a test chooses: the first line or the last (which every memory keeps: policies/excerpts.py keeps a
 result's opening and end), or the middle of a long file of plain lines (which a memory with a small
-opening and end loses). `run_conversation` plays the client: it sends the conversation to a base URL
-(the fake, or a gateway in front of it) as Chat Completions, runs the `read_file` calls it gets back from
-the workload's files, and loops until a final answer or `max_rounds`. A test then reads which files were
-read (a path read twice is a repeated call: the model did not see what it needed) and the answer.
+opening and end loses); `spread_workload` puts one fact in each of several files, followed by plain
+files (so that a policy that keeps the latest rounds whole still has a memory for every fact).
+`run_conversation` plays the client: it sends the conversation to a base URL (the fake, or a gateway in
+front of it) as Chat Completions (testkit/reader_formats.py does it in every format, JSON or streamed),
+runs the `read_file` calls it gets back from the workload's files, and loops until a final answer or
+`max_rounds`. A test then reads which files were read (a path read twice is a repeated call: the model did
+not see what it needed) and the answer.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ READ_TOOL = {"type": "function", "function": {
     "name": "read_file", "description": "Read a file of the workspace",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
 POSITIONS = ("first", "middle", "last")
+NAMES = ("ALPHA", "BRAVO", "CHARLIE", "DELTA", "ECHO", "FOXTROT", "GOLF", "HOTEL")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,23 @@ def reader_workload(files: int = 2, facts: tuple[str, ...] = ("CODE",), where: s
         contents[path] = "\n".join(body)
     task = "\n".join(["Report the facts the files hold."] + [f"READ {p}" for p in paths]
                      + [f"NEED {name}" for name in facts])
+    return Workload(task, contents, values)
+
+
+def spread_workload(facts: int = 5, plain: int = 2, lines: int = 60, label: str = "") -> Workload:
+    """`facts` files holding one fact each, in the middle of `lines` plain lines, then `plain` files of plain
+    lines only; `label` makes the task (and so the conversation) one of its own."""
+    names = list(NAMES[:facts])  # no digits: a name the task mentions is not an identifier memories keep
+    values = {name: f"v{n}-{label or 'x'}-q7z{n}" for n, name in enumerate(names)}
+    contents = {}
+    for n in range(facts + plain):
+        path = f"docs/part{n}.txt"
+        body = [filler(path, i) for i in range(1, lines + 1)]
+        if n < facts:
+            body.insert(lines // 2, f"{names[n]}: {values[names[n]]}")
+        contents[path] = "\n".join(body)
+    task = "\n".join([f"Report the facts the files hold. {label}".rstrip()] + [f"READ {p}" for p in contents]
+                     + [f"NEED {name}" for name in names])
     return Workload(task, contents, values)
 
 

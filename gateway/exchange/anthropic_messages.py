@@ -6,7 +6,10 @@ stop with no client call left becomes `end_turn`), usage summed. Stream: one
 (text and thinking stream through as they arrive; `tool_use` blocks are held
 until the round ends), one `message_delta` with the final stop reason and the
 summed usage (and the provider's `context_management`, as the last round's `message_delta` told it),
-and `message_stop`. A `compaction` block (Anthropic's server-side compaction) passes as it came.
+and `message_stop`. A `compaction` block (Anthropic's server-side compaction) passes as it came. A
+message left with no text and no client call once the gateway's calls are out gets a text block with
+the exchange's `unanswered` text. The gateway's tool leaves a request from `tools` and, where it was
+added mid-conversation (gateway/pipeline/tool_additions.py), from its `tool_addition` message.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any, Iterator
 from gateway.errors import GatewayError, UpstreamInvalidResponse
 from gateway.exchange.dialect import Answer, Completion, Dialect, GatewayTool
 from gateway.exchange.driver import Exchange
+from gateway.pipeline.tool_additions import is_addition
 from gateway.wire import anthropic_messages as wire
 from gateway.wire.anthropic_context import applied_edits
 from gateway.wire.anthropic_messages import ANTHROPIC_MESSAGES, run_usage, sse
@@ -30,6 +34,15 @@ class MessagesDialect(Dialect):
     def gateway_calls(self, answer: Answer, tool: GatewayTool) -> list[dict[str, Any]]:
         return [b for b in answer.get("content") or [] if b.get("type") == "tool_use" and tool.is_call(b)]
 
+    def without_tool(self, body: dict[str, Any], name: str) -> dict[str, Any]:
+        out = {**body, "messages": _without_addition(body.get("messages") or [], name)}
+        if "tools" in body:
+            out["tools"] = [t for t in body.get("tools") or [] if not (isinstance(t, dict) and t.get("name") == name)]
+            if not out["tools"]:
+                out.pop("tools")
+                out.pop("tool_choice", None)
+        return out
+
     def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:
         """The assistant turn (its gateway calls only) and the user turn that answers them."""
         ids = {c["id"] for c in calls}
@@ -42,13 +55,39 @@ class MessagesDialect(Dialect):
     def completion(self, answer: Answer, calls: list[dict[str, Any]], usage: dict[str, Any] | None,
                    exchange: Exchange) -> Completion:
         kept = [b for b in answer.get("content") or [] if b not in calls]
+        if calls and not _says_anything(kept):
+            kept.append({"type": "text", "text": exchange.unanswered()})
         stop = _final_stop(answer.get("stop_reason"), kept) if calls else answer.get("stop_reason")
         final = {**answer, "content": kept, "stop_reason": stop, "usage": usage or answer.get("usage")}
         return Completion(body=final, usage=run_usage(final["usage"]), finish_reason=stop,
                           applied_edits=applied_edits(answer))
 
     def stream(self, exchange: Exchange) -> "MessagesStream":
-        return MessagesStream()
+        return MessagesStream(exchange)
+
+
+def _without_addition(messages: list[Any], name: str) -> list[Any]:
+    """`messages` without the mid-conversation addition of the tool `name` (a message adding only it goes)."""
+    out = []
+    for message in messages:
+        if not is_addition(message):
+            out.append(message)
+            continue
+        blocks = [b for b in message["content"] if not (isinstance(b, dict) and b.get("type") == "tool_addition"
+                                                        and _defined(b) == name)]
+        if blocks:
+            out.append({**message, "content": blocks})
+    return out
+
+
+def _defined(addition: dict[str, Any]) -> Any:
+    """The name of the tool a `tool_addition` block defines."""
+    return ((addition.get("tool") or {}).get("definition") or {}).get("name")
+
+
+def _says_anything(blocks: list[dict[str, Any]]) -> bool:
+    return any(b.get("type") == "text" and b.get("text") or b.get("type") in ("tool_use", "server_tool_use")
+               for b in blocks)
 
 
 def _final_stop(stop: str | None, blocks: list[dict[str, Any]]) -> str | None:
@@ -61,7 +100,8 @@ def _final_stop(stop: str | None, blocks: list[dict[str, Any]]) -> str | None:
 class MessagesStream:
     """The client's message, block by block, its blocks numbered across rounds."""
 
-    def __init__(self) -> None:
+    def __init__(self, exchange: Exchange | None = None) -> None:
+        self.exchange = exchange
         self.message: dict[str, Any] = {}  # message_start's
         self.visible: list[dict[str, Any]] = []  # the client's blocks
         self.usage: dict[str, Any] | None = None
@@ -84,6 +124,8 @@ class MessagesStream:
             self.visible.append(last.by_index[index])
             for event in last.held[index]:
                 yield sse({**event, "index": new})
+        if calls and self.exchange is not None and not _says_anything(self.visible):
+            yield from self._text_block(self.exchange.unanswered())
         delta = last.delta.get("delta") or {}
         self.usage = usage
         self.stop_reason = _final_stop(delta.get("stop_reason"), self.visible) if calls else delta.get("stop_reason")
@@ -91,6 +133,14 @@ class MessagesStream:
             self.managed = {"context_management": last.delta["context_management"]}
         yield sse({"type": "message_delta", "delta": {**delta, "stop_reason": self.stop_reason}, "usage": usage or {},
                    **self.managed})
+
+    def _text_block(self, text: str) -> Iterator[bytes]:
+        """A text block of the gateway's own, streamed as one."""
+        index = self.index()
+        self.visible.append({"type": "text", "text": text})
+        yield sse({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
+        yield sse({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}})
+        yield sse({"type": "content_block_stop", "index": index})
 
     @property
     def completion(self) -> Completion:

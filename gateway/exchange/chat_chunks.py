@@ -46,6 +46,9 @@ class StreamAccumulator:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
+    def content_text(self) -> str:
+        return "".join(self.content)
+
     def message(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
         if self.tool_calls:

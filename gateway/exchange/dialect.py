@@ -3,7 +3,10 @@
 A dialect reads the format's answers (JSON, and each stream round once read
 whole, in the same shape) and says which calls in it are the gateway's own,
 how a hidden round and its answers are appended to the upstream request, how
-usage adds up, and what the client gets in the end. For streams it keeps the
+usage adds up, what the client gets in the end (never an empty turn the model did
+not write: an answer that held only calls to the gateway's tool, past the bound,
+gets the gateway's text), and how the gateway's tool leaves a request (the last one
+of an exchange that reached the bound). For streams it keeps the
 client's side of the stream across rounds (`StreamView`): which events pass at
 once, which are held until the round ends (tool calls, since a round that calls
 the gateway's tool is dropped whole), how the rounds' parts are renumbered as
@@ -66,8 +69,9 @@ class StreamView(Protocol):
     def round(self, first: bool) -> StreamRound: ...
 
     def end(self, last: StreamRound, calls: list[dict[str, Any]], usage: dict[str, Any] | None) -> Iterable[bytes]:
-        """The frames after the last round: its held parts but the gateway's `calls`, then the closing
-        ones with the summed `usage` (all but the terminal frame)."""
+        """The frames after the last round: its held parts but the gateway's `calls` (and, when that leaves
+        the client nothing at all, the exchange's `unanswered` text), then the closing ones with the summed
+        `usage` (all but the terminal frame)."""
 
     @property
     def completion(self) -> Completion: ...
@@ -85,6 +89,9 @@ class ExchangeState(Protocol):
     rehydrator: Rehydrator | None
     client: NeutralRequest
     request: UpstreamRequest
+
+    def unanswered(self) -> str:
+        """The client's text for an answer that held nothing but calls to the gateway's tool (recorded)."""
 
 
 class Dialect(Protocol):
@@ -104,11 +111,15 @@ class Dialect(Protocol):
         """A gateway call as the rehydrator reads it (a Chat tool call or an Anthropic tool_use block)."""
         return call
 
+    def without_tool(self, body: dict[str, Any], name: str) -> dict[str, Any]:
+        """The request `body` without the tool `name` (declared in `tools`, or added mid-conversation)."""
+
     def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:
         """What a hidden round appends to the request: the answer (its gateway calls only) and theirs."""
 
     def completion(self, answer: Answer, calls: list[dict[str, Any]], usage: dict[str, Any] | None,
                    exchange: ExchangeState) -> Completion:
-        """The client's answer: the last one, without the gateway's `calls`, with the summed usage."""
+        """The client's answer: the last one, without the gateway's `calls` (the exchange's `unanswered`
+        text when nothing else is left), with the summed usage."""
 
     def stream(self, exchange: ExchangeState) -> StreamView: ...

@@ -6,8 +6,15 @@ model again (up to the policy's bound). The client receives only the final
 answer, as JSON (`complete`) or as one stream (`Relay`): what the model says
 passes as it arrives; tool calls are held until the round ends, because a round
 that calls the gateway's tool is dropped whole, client calls included. Usage of
-all rounds is summed. Past the bound, the gateway's calls are taken out of the
-final answer. What differs between formats is the format's `Dialect`
+all rounds is summed.
+
+The bound never ends in silence: the round that reaches it tells the model so in
+the tool's answer, and the request after it goes without the gateway's tool (the
+dialect takes it out), so the model answers or calls the client's own tools. A
+model that calls the gateway's tool anyway has those calls taken out of the final
+answer; if nothing else is left, the dialect gives the client the gateway's text
+saying the limit was reached (`Exchange.unanswered`). Each is on the run's
+record. What differs between formats is the format's `Dialect`
 (gateway/exchange/dialect.py).
 """
 from __future__ import annotations
@@ -43,9 +50,14 @@ class Exchange:
         return self.rehydrator is not None and self.rounds < self.rehydrator.policy.rehydration.max_rounds
 
     async def hide_round(self, answer: Answer, calls: list[dict[str, Any]]) -> None:
-        """Answer the gateway's `calls` in `answer`, and append the round and the answers to the request."""
+        """Answer the gateway's `calls` in `answer`, and append the round and the answers to the request.
+        The round that reaches the bound says so after its answers, and the tool leaves the request."""
         answers = await self.answer([self.dialect.as_tool_call(call) for call in calls])
         body = dict(self.request.body)
+        rehydrator = self.rehydrator
+        if rehydrator is not None and not self.more_rounds_allowed():
+            answers[-1] = f"{answers[-1]}\n{rehydrator.limit_notice()}"
+            body = self.dialect.without_tool(body, rehydrator.name)
         body[self.dialect.field] = [*body[self.dialect.field], *self.dialect.hidden_round(answer, calls, answers)]
         self.request = replace(self.request, body=body)
 
@@ -67,6 +79,16 @@ class Exchange:
         self.rounds += 1
         return answers
 
+    def final_calls(self, calls: list[dict[str, Any]]) -> None:
+        """The last answer's calls to the gateway's tool, which are not answered: past the bound, recorded."""
+        if calls and self.rehydrator is not None and not self.more_rounds_allowed():
+            self.rehydrator.past_limit(len(calls))
+
+    def unanswered(self) -> str:
+        """The text a client gets when the last answer held nothing but calls to the gateway's tool (recorded)."""
+        assert self.rehydrator is not None
+        return self.rehydrator.unanswered(limit=not self.more_rounds_allowed())
+
 
 async def complete(upstream: UpstreamClient, exchange: Exchange) -> Completion:
     """The final answer as JSON, after any hidden rounds."""
@@ -79,6 +101,7 @@ async def complete(upstream: UpstreamClient, exchange: Exchange) -> Completion:
         if calls and exchange.more_rounds_allowed():
             await exchange.hide_round(answer, calls)
             continue
+        exchange.final_calls(calls)
         return dialect.completion(answer, calls, usage, exchange)
 
 
@@ -145,6 +168,7 @@ class Relay:
                 events = self.upstream.stream(dialect.api, exchange.request)
                 first = False
                 continue
+            exchange.final_calls(calls)
             for frame in self.view.end(current, calls, usage):
                 yield frame
             return

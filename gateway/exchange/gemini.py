@@ -8,7 +8,8 @@ arrive; `functionCall` parts are held until the round ends (a round that calls t
 gateway's tool is dropped whole). The last chunk holds the round's held calls, the
 finish reason and the summed usage. A Gemini stream has no terminal event: a round
 ends with its upstream stream, and one that ended without a finish reason is an
-invalid answer.
+invalid answer. An answer left with no text and no call once the gateway's calls
+are out gets a text part with the exchange's `unanswered` text.
 """
 from __future__ import annotations
 
@@ -34,6 +35,28 @@ def _with_parts(answer: Answer, parts: list[dict[str, Any]], **candidate: Any) -
     return {**answer, "candidates": [{**first, "content": content, **candidate}, *rest]}
 
 
+def _says_anything(parts: list[dict[str, Any]]) -> bool:
+    return any(_is_call(p) or isinstance(p.get("text"), str) and p["text"] and not p.get("thought") for p in parts)
+
+
+def without_tool(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """A generateContent request without the function declaration `name` (an entry left empty goes)."""
+    tools = []
+    for tool in body.get("tools") or []:
+        declared = tool.get("functionDeclarations") if isinstance(tool, dict) else None
+        if not isinstance(declared, list):
+            tools.append(tool)
+            continue
+        kept = [d for d in declared if not (isinstance(d, dict) and d.get("name") == name)]
+        if kept or set(tool) != {"functionDeclarations"}:
+            tools.append({**tool, "functionDeclarations": kept} if kept else
+                         {k: v for k, v in tool.items() if k != "functionDeclarations"})
+    out = {**body, "tools": tools}
+    if not tools:
+        out.pop("tools")
+    return out
+
+
 class GeminiDialect(Dialect):
     api = "generate_content"
     field = "contents"
@@ -50,6 +73,9 @@ class GeminiDialect(Dialect):
         return {"id": function_call.get("id"), "function": {"name": function_call.get("name"),
                                                             "arguments": json.dumps(function_call.get("args") or {})}}
 
+    def without_tool(self, body: dict[str, Any], name: str) -> dict[str, Any]:
+        return without_tool(body, name)
+
     def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:
         """The model turn (its gateway calls only: a client call would stand unanswered) and the user turn
         that answers them, each response under its call's id where the call has one."""
@@ -65,6 +91,8 @@ class GeminiDialect(Dialect):
     def completion(self, answer: Answer, calls: list[dict[str, Any]], usage: dict[str, Any] | None,
                    exchange: Exchange) -> Completion:
         parts = [p for p in candidate_parts(answer) if p not in calls]
+        if calls and not _says_anything(parts):
+            parts.append({"text": exchange.unanswered()})
         final = _with_parts(answer, parts) if calls else dict(answer)
         if usage is not None:
             final["usageMetadata"] = {**(answer.get("usageMetadata") or {}), **usage}
@@ -72,14 +100,15 @@ class GeminiDialect(Dialect):
                           finish_reason=first_candidate(final).get("finishReason"))
 
     def stream(self, exchange: Exchange) -> "GeminiStream":
-        return GeminiStream(exchange.client.sse)
+        return GeminiStream(exchange.client.sse, exchange)
 
 
 class GeminiStream:
     """The client's stream: one chunk per upstream chunk that shows something, one last chunk."""
 
-    def __init__(self, sse: bool) -> None:
+    def __init__(self, sse: bool, exchange: Exchange | None = None) -> None:
         self.sse = sse
+        self.exchange = exchange
         self.media_type = "text/event-stream" if sse else "application/json"
         self.shown: list[dict[str, Any]] = []  # the client's parts, across rounds
         self.head: dict[str, Any] = {}  # the first chunk's fields (modelVersion, responseId)
@@ -97,6 +126,8 @@ class GeminiStream:
 
     def end(self, last: "GeminiRound", calls: list[dict[str, Any]], usage: dict[str, Any] | None) -> Iterator[bytes]:
         held = [p for p in last.held if p not in calls]
+        if calls and self.exchange is not None and not _says_anything(self.shown + held):
+            held.append({"text": self.exchange.unanswered()})
         self.shown += held
         candidate = {k: v for k, v in last.candidate.items() if k != "content"}
         closing = _with_parts({**self.head, "candidates": [candidate]}, held or [{"text": ""}])

@@ -6,6 +6,8 @@ usage put in. Stream: content passes as it arrives, until a round shows a call
 to the gateway's tool (its name arrives early); tool-call deltas and finishes
 are held until the round ends. Usage chunks are held too, and one usage chunk,
 summed over the rounds, closes the stream (passed on if the client asked for it).
+An answer left with no content and no call once the gateway's calls are out gets
+the exchange's `unanswered` text as its content.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ class ChatDialect(Dialect):
         message = _message(answer)
         return [c for c in message.get("tool_calls") or [] if tool.is_call(c)]
 
+    def without_tool(self, body: dict[str, Any], name: str) -> dict[str, Any]:
+        return without_tool(body, name)
+
     def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:
         message = _message(answer)
         assistant = {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
@@ -39,10 +44,34 @@ class ChatDialect(Dialect):
         if exchange.rehydrator is None:
             return _completion(answer)
         final = _without_gateway_calls(answer, exchange.rehydrator)
+        if calls and not _says_anything(_message(final)):
+            final = _with_content(final, exchange.unanswered())
         return _completion({**final, "usage": usage} if usage else final)
 
     def stream(self, exchange: Exchange) -> "ChatStream":
-        return ChatStream(exchange.rehydrator, exchange.client.wants_stream_usage)
+        return ChatStream(exchange.rehydrator, exchange.client.wants_stream_usage, exchange)
+
+
+def without_tool(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """A Chat request without the function `name` in its tools."""
+    tools = [t for t in body.get("tools") or [] if not (isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                                        and t["function"].get("name") == name)]
+    out = {**body, "tools": tools}
+    if not tools:
+        for key in ("tools", "tool_choice", "parallel_tool_calls"):
+            out.pop(key, None)
+    return out
+
+
+def _says_anything(message: dict[str, Any]) -> bool:
+    return bool(message.get("content") or message.get("tool_calls"))
+
+
+def _with_content(response: Answer, text: str) -> Answer:
+    """The answer with `text` as the first choice's content (it had none)."""
+    choices = list(response.get("choices") or [{"index": 0, "finish_reason": "stop"}])
+    choices[0] = {**choices[0], "message": {**(choices[0].get("message") or {"role": "assistant"}), "content": text}}
+    return {**response, "choices": choices}
 
 
 def _completion(response: Answer) -> Completion:
@@ -75,9 +104,10 @@ def _without_gateway_calls(response: Answer, tool: GatewayTool) -> Answer:
 class ChatStream:
     """The client's chat.completion.chunk stream; every chunk sent is folded into its answer."""
 
-    def __init__(self, tool: GatewayTool | None, wants_usage: bool) -> None:
+    def __init__(self, tool: GatewayTool | None, wants_usage: bool, exchange: Exchange | None = None) -> None:
         self.tool = tool
         self.wants_usage = wants_usage
+        self.exchange = exchange
         self.accumulator = StreamAccumulator()
 
     def round(self, first: bool) -> "ChatRound":
@@ -89,6 +119,13 @@ class ChatStream:
 
     def end(self, last: "ChatRound", calls: list[dict[str, Any]], usage: dict[str, Any] | None) -> Iterator[bytes]:
         held = _release_without_gateway_calls(last.held, self.tool) if calls and self.tool else last.held
+        if calls and self.exchange is not None and not self.accumulator.content_text() \
+                and not any(_delta_calls(chunk) for chunk in held):
+            accumulator = self.accumulator
+            yield self.send({"id": accumulator.id, "created": accumulator.created, "model": accumulator.model,
+                             "object": "chat.completion.chunk", "choices": [
+                                 {"index": 0, "delta": {"role": "assistant", "content": self.exchange.unanswered()},
+                                  "finish_reason": None}]})
         for chunk in held:
             yield self.send(chunk)
         if usage:

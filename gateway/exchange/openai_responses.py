@@ -7,7 +7,9 @@ function call items are held until the round ends), events renumbered, and one
 terminal event with the whole output and the summed usage. Only a completed
 round is followed by a hidden one. Either way the response is the client's: the
 gateway's id (gateway/wire/openai_responses.py `response_id_for`), the client's
-`store` flag, and no gateway tool in `tools`.
+`store` flag, and no gateway tool in `tools`. An output left with no message and no
+call once the gateway's calls are out gets a message with the exchange's
+`unanswered` text.
 """
 from __future__ import annotations
 
@@ -36,6 +38,15 @@ class ResponsesDialect(Dialect):
         """A function_call item in the shape the rehydrator reads (a Chat call)."""
         return {"id": call.get("call_id"), "function": {"name": call.get("name"), "arguments": call.get("arguments")}}
 
+    def without_tool(self, body: dict[str, Any], name: str) -> dict[str, Any]:
+        tools = [t for t in body.get("tools") or [] if not (isinstance(t, dict) and t.get("type") == "function"
+                                                            and t.get("name") == name)]
+        out = {**body, "tools": tools}
+        if not tools:
+            for key in ("tools", "tool_choice", "parallel_tool_calls"):
+                out.pop(key, None)
+        return out
+
     def hidden_round(self, answer: Answer, calls: list[dict[str, Any]], answers: list[str]) -> list[dict[str, Any]]:
         """The round's items (its gateway calls only: a client call would stand unanswered) and the answers."""
         ids = {c["call_id"] for c in calls}
@@ -47,6 +58,8 @@ class ResponsesDialect(Dialect):
     def completion(self, answer: Answer, calls: list[dict[str, Any]], usage: dict[str, Any] | None,
                    exchange: Exchange) -> Completion:
         output = [i for i in answer.get("output") or [] if i not in calls]
+        if calls and not _says_anything(output):
+            output.append(_message(exchange, exchange.unanswered()))
         final = _as_clients({**answer, "output": output, "usage": usage or answer.get("usage")}, exchange)
         return Completion(body=final, usage=run_usage(final["usage"]), finish_reason=final.get("status"))
 
@@ -61,6 +74,36 @@ def _as_clients(response: dict[str, Any], exchange: Exchange) -> dict[str, Any]:
     if exchange.rehydrator is not None and isinstance(response.get("tools"), list):
         out["tools"] = [t for t in response["tools"] if t.get("name") != exchange.rehydrator.name]
     return out
+
+
+def _says_anything(output: list[dict[str, Any]]) -> bool:
+    """Whether output items say something to the client: a message with text, or a call of any kind."""
+    for item in output:
+        kind = str(item.get("type") or "")
+        parts = [p for p in item.get("content") or [] if isinstance(p, dict)] if kind == "message" else []
+        if kind.endswith("_call") or any(p.get("text") or p.get("refusal") for p in parts):
+            return True
+    return False
+
+
+def _message(exchange: Exchange, text: str) -> dict[str, Any]:
+    """A message item of the gateway's own (the text a client gets instead of an empty answer)."""
+    return {"type": "message", "id": f"msg_gateway_{exchange.request.request_id.removeprefix('req_')}",
+            "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _message_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    """The events that stream the message `item` at output `index` (numbered when emitted)."""
+    part = item["content"][0]
+    base = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    return [{"type": "response.output_item.added", "output_index": index,
+             "item": {**item, "status": "in_progress", "content": []}},
+            {"type": "response.content_part.added", **base, "part": {**part, "text": ""}},
+            {"type": "response.output_text.delta", **base, "delta": part["text"]},
+            {"type": "response.output_text.done", **base, "text": part["text"]},
+            {"type": "response.content_part.done", **base, "part": part},
+            {"type": "response.output_item.done", "output_index": index, "item": item}]
 
 
 class ResponsesStream:
@@ -96,6 +139,11 @@ class ResponsesStream:
             self.output.append(item)
             for event in last.held[index]:
                 yield self.emit({**event, "output_index": new})
+        if calls and not _says_anything(self.output):
+            item = _message(self.exchange, self.exchange.unanswered())
+            for event in _message_events(item, len(self.output)):
+                yield self.emit(event)
+            self.output.append(item)
         assert last.terminal is not None
         self.usage = usage
         self.response = self.ours({**(last.terminal.get("response") or {}), "output": self.output, "usage": usage})

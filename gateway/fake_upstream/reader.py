@@ -18,7 +18,8 @@ the next one (one call per round). Once every file is read it looks, for each NE
   original call again with the same name and arguments (a repeated call: the sign of something the
   model could not see). A memory counts as brought back once the transcript holds a rehydration of its
   artifact or its call made another time (so a re-read that comes back compacted too is not read a
-  third time);
+  third time). With `all_at_once`, every memory not brought back is asked of the rehydration tool in
+  one call (`{"artifacts": [{"artifact_id": ...}, ...]}`); by default one a round;
 - nothing left to bring back: the answer with `NAME=unknown` for what is still missing.
 
 Deterministic: the same request gives the same answer (call ids are derived from the transcript). One
@@ -83,6 +84,7 @@ class Reader:
     tool: str = "read_file"
     argument: str = "path"
     rehydrate_tool: str = "gateway_rehydrate"
+    all_at_once: bool = False  # ask the rehydration tool for every memory it needs in one call
 
     def step(self, seen: Seen, call_prefix: str = "call_") -> Step:
         paths = _READ.findall(seen.task)
@@ -102,21 +104,28 @@ class Reader:
         return _answer(names, facts)
 
     def _bring_back(self, seen: Seen) -> tuple[str, dict[str, Any]] | None:
-        """The call that brings back the earliest memory not brought back since (None: there is none)."""
+        """The call that brings back the earliest memory not brought back since, or with `all_at_once` (and
+        the rehydration tool offered) every one of them (None: there is none)."""
         calls = [e for e in seen.events if isinstance(e, Call)]
         by_id = {c.id: c for c in calls}
+        rehydrated = {a for c in calls if c.name == self.rehydrate_tool for a in _asked_ids(c.arguments)}
+        wanted: list[str] = []
         for event in seen.events:
             if not isinstance(event, Result) or not (match := _MEMORY.search(event.text)):
                 continue
             original = by_id.get(event.call_id)
-            if any(c.name == self.rehydrate_tool and c.arguments.get("artifact_id") == match.group(1) for c in calls):
+            if match.group(1) in rehydrated:
                 continue
             if original is not None and any(_same(c, original) for c in calls if c is not original):
                 continue
             if self.rehydrate_tool in seen.offered:
-                return self.rehydrate_tool, {"artifact_id": match.group(1)}
-            if original is not None and original.name != self.rehydrate_tool:
+                if not self.all_at_once:
+                    return self.rehydrate_tool, {"artifact_id": match.group(1)}
+                wanted.append(match.group(1))
+            elif original is not None and original.name != self.rehydrate_tool:
                 return original.name, dict(original.arguments)
+        if wanted:
+            return self.rehydrate_tool, {"artifacts": [{"artifact_id": a} for a in dict.fromkeys(wanted)]}
         return None
 
     def _call(self, seen: Seen, prefix: str, name: str, arguments: dict[str, Any]) -> Step:
@@ -132,6 +141,15 @@ class Reader:
         state.responses_responder = lambda body: self.step(responses_seen(body))
         state.responder = lambda body: self.step(messages_seen(body), "toolu_")
         state.gemini_responder = lambda body: self.step(gemini_seen(body))
+
+
+def _asked_ids(arguments: dict[str, Any]) -> set[str]:
+    """The artifact ids a rehydration call asked for, in either form."""
+    asked = [arguments.get("artifact_id")]
+    items = arguments.get("artifacts")
+    for item in items if isinstance(items, list) else []:
+        asked.append(item.get("artifact_id") if isinstance(item, dict) else item)
+    return {str(a).removeprefix("artifact:") for a in asked if a}
 
 
 def _same(call: Call, original: Call) -> bool:
@@ -192,13 +210,16 @@ def chat_seen(body: dict[str, Any]) -> Seen:
 
 
 def messages_seen(body: dict[str, Any]) -> Seen:
+    """Tools are offered in `tools`, or added mid-conversation (a `tool_addition` block)."""
     seen = Seen(offered={t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)})
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
         for block in blocks:
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind == "tool_use":
+            if kind == "tool_addition":
+                seen.offered.add(((block.get("tool") or {}).get("definition") or {}).get("name"))
+            elif kind == "tool_use":
                 seen.events.append(Call(str(block.get("id")), str(block.get("name")), _arguments(block.get("input"))))
             elif kind == "tool_result":
                 seen.events.append(Result(str(block.get("tool_use_id")), text_of(block.get("content"))))

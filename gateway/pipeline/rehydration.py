@@ -1,4 +1,4 @@
-"""The rehydration tool: the model asks for an artifact's exact bytes, the gateway answers.
+"""The rehydration tool: the model asks for artifacts' exact bytes, the gateway answers.
 
 The tool is added to a request when its projection holds compacted artifacts
 and the client sent `tools`. Calls to it are answered here, never by the
@@ -6,9 +6,21 @@ client: the answer is checked against the tenant, the request's lineage, the
 provider's privacy rules, participant visibility and subagent boundaries, and
 bounded in bytes and tokens. Every answer, given or refused, is a decision in
 the request's assembly record.
+
+One call asks for one artifact (`{"artifact_id", "lines"}`: the answer is its
+bytes) or several (`{"artifacts": [{"artifact_id", "lines"}, ...]}`, at most
+`MAX_ARTIFACTS`: each given exactly between fence lines, the policy's bounds
+holding for the whole answer, each refusal said with its reason). A request
+allows `rehydration.max_rounds` hidden rounds (gateway/exchange/driver.py): the
+round that reaches the bound tells the model so (`limit_notice`), and the
+request after it goes without the tool, so the model answers or calls the
+client's tools; if it calls the gateway's anyway and says nothing else, the
+client gets `unanswered`'s text, never an empty turn. Each is recorded too
+(action `rehydration_limit`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -26,12 +38,15 @@ from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
 _ARTIFACT_ID = re.compile(r"^(?:art|args)_[0-9a-f]{1,64}$")
-DESCRIPTION = "Exact content of artifact:<id>; lines: an optional range such as 120-160."
-
-
-PARAMETERS = {"type": "object", "properties": {"artifact_id": {"type": "string"}, "lines": {"type": "string"}},
-              "required": ["artifact_id"]}
+MAX_ARTIFACTS = 8  # artifacts one call may ask for
+# Short: the declaration goes with every request of a conversation (bench/format_replay.py's cost against
+# the client's own replay counts it; the items' fields are named in the description, not in a schema).
+DESCRIPTION = (f"Exact content of artifact:<id>; lines: an optional range such as 120-160. Several at once: "
+               f"artifacts, up to {MAX_ARTIFACTS} of {{artifact_id, lines}}.")
+_ONE = {"artifact_id": {"type": "string"}, "lines": {"type": "string"}}
+PARAMETERS = {"type": "object", "properties": {**_ONE, "artifacts": {"type": "array", "items": {"type": "object"}}}}
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d+)?)?\s*$")
+_USAGE = 'pass {"artifact_id": "<id after artifact:>"} or {"artifacts": [{"artifact_id": "...", "lines": "1-40"}]}'
 
 
 def _line_range(arguments: Mapping[str, Any]) -> tuple[int, int | None] | None:
@@ -48,6 +63,43 @@ def _line_range(arguments: Mapping[str, Any]) -> tuple[int, int | None] | None:
     if first < 1 or last is not None and last < first:
         raise ValueError("lines counts from 1, and a range ends after it starts")
     return first, last
+
+
+def _arguments(call: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A call's arguments (a Chat tool call's JSON, an Anthropic tool_use block's input); None if unreadable."""
+    try:
+        if "function" in call:
+            arguments = json.loads((call.get("function") or {}).get("arguments") or "{}")
+        else:  # an Anthropic tool_use block
+            arguments = call.get("input")
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return arguments if isinstance(arguments, dict) else None
+
+
+def _asked_id(value: Any) -> str:
+    return str(value).strip().removeprefix("artifact:")
+
+
+def _fence_tag(text: str) -> str:
+    """A tag whose closing line `>>>tag` does not occur in `text`: the bytes between stay exact."""
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    for size in range(6, len(digest) + 1, 2):
+        if f">>>{digest[:size]}" not in text:
+            return digest[:size]
+    number = 0
+    while f">>>{digest}{number}" in text:
+        number += 1
+    return f"{digest}{number}"
+
+
+@dataclass(frozen=True)
+class _Given:
+    """One artifact given: its bytes (or a bounded excerpt, marked) and the lines they are."""
+
+    artifact_id: str
+    body: str
+    lines: str | None  # "lines 120-160 of 400", when a range was asked
 
 
 @dataclass
@@ -91,18 +143,99 @@ class Rehydrator:
                                   "artifact_id": named, "round": self.rounds})
         return f"[{self.name} refused: {text}]"
 
+    def _note_limit(self, reason: str, **more: Any) -> None:
+        self.rehydrations.append({"index": None, "role": "tool", "action": "rehydration_limit", "reason": reason,
+                                  "artifact_id": None, "round": self.rounds,
+                                  "max_rounds": self.policy.rehydration.max_rounds, **more})
+
+    def limit_notice(self) -> str:
+        """Said after the answers of the round that reaches the policy's bound (recorded: `max_rounds`)."""
+        self._note_limit("max_rounds")
+        return (f"[{self.name}: that was the last round of rehydration this request allows "
+                f"({self.policy.rehydration.max_rounds}); the tool is not offered on your next turn. Answer with "
+                "what you have now, or call your own tools (for instance to read again what you still need).]")
+
+    def past_limit(self, calls: int) -> None:
+        """The model called the tool after it was withdrawn: the calls go unanswered (recorded)."""
+        self._note_limit("called_past_limit", calls=calls)
+
+    def unanswered(self, limit: bool = True) -> str:
+        """The client's text when the model's last answer held nothing but calls to the gateway's tool: past
+        the bound (`limit`), or in a round cut short (recorded: `empty_answer`)."""
+        self._note_limit("empty_answer")
+        if not limit:
+            return ("[The model's answer ended while it asked the gateway for stored tool results, with nothing "
+                    "else said. Ask again to continue.]")
+        return (f"[The gateway's rehydration limit was reached ({self.policy.rehydration.max_rounds} rounds in "
+                "one request) and the model gave no other answer. Ask again to continue.]")
+
     def answer(self, call: Mapping[str, Any]) -> str:
         """The tool message content for one call (runs in a worker thread: it reads the store)."""
+        arguments = _arguments(call)
+        if arguments is None:
+            return self._refuse(None, "invalid_arguments", _USAGE)
+        if "artifacts" in arguments:
+            return self._several(arguments)
+        if "artifact_id" not in arguments:
+            return self._refuse(None, "invalid_arguments", _USAGE)
+        limits = self.policy.rehydration
+        artifact_id = self.full_id(_asked_id(arguments["artifact_id"]))
+        given = self._give(artifact_id, arguments, limits.max_bytes, limits.max_tokens)
+        if isinstance(given, str):
+            return given  # refused
+        if given.lines is None:
+            return given.body
+        return f"[{self.name}: artifact:{given.artifact_id} {given.lines}]\n{given.body}"
+
+    def _several(self, arguments: Mapping[str, Any]) -> str:
+        """The answer to a call asking for several artifacts: each given between fence lines or refused,
+        the policy's bounds holding for the whole answer."""
+        items = arguments["artifacts"]
+        if not isinstance(items, list) or not items:
+            return self._refuse(None, "invalid_arguments", "artifacts is a list of {artifact_id, lines}")
+        if arguments.get("artifact_id") is not None:  # both forms in one call: the single one first
+            items = [{"artifact_id": arguments["artifact_id"], "lines": arguments.get("lines")}, *items]
+        limits = self.policy.rehydration
+        room = [limits.max_bytes, limits.max_tokens]
+        parts: list[str] = []
+        done: set[tuple[str, str]] = set()
+        given = 0
+        for number, item in enumerate(items):
+            asked = item if isinstance(item, dict) else {"artifact_id": item}
+            if not isinstance(asked.get("artifact_id"), str):
+                parts.append(self._refuse(None, "invalid_arguments", f"artifacts[{number}] names no artifact_id"))
+                continue
+            artifact_id = self.full_id(_asked_id(asked["artifact_id"]))
+            key = (artifact_id, str(asked.get("lines") or ""))
+            if number >= MAX_ARTIFACTS:
+                parts.append(self._refuse(artifact_id, "too_many", f"artifact:{artifact_id}: one call gives at most "
+                                          f"{MAX_ARTIFACTS} artifacts; ask for it in another call"))
+            elif key in done:
+                parts.append(self._refuse(artifact_id, "duplicate", f"artifact:{artifact_id} is asked for twice"))
+            elif min(room) <= 0:
+                parts.append(self._refuse(artifact_id, "answer_bound", f"artifact:{artifact_id}: this answer "
+                                          f"reached the policy's bound ({limits.max_bytes} bytes, {limits.max_tokens} "
+                                          "tokens); ask for it in another call, or for fewer lines"))
+            else:
+                done.add(key)
+                piece = self._give(artifact_id, asked, room[0], room[1])
+                if isinstance(piece, str):
+                    parts.append(piece)
+                    continue
+                given += 1
+                room = [room[0] - len(piece.body.encode("utf-8", "surrogatepass")), room[1] - count_text(piece.body)]
+                tag = _fence_tag(piece.body)
+                label = f" {piece.lines}" if piece.lines else ""
+                parts.append(f"<<<{tag} artifact:{piece.artifact_id}{label}\n{piece.body}\n>>>{tag}")
+        head = (f"[{self.name}: {len(items)} asked, {given} given, {len(items) - given} refused; each artifact "
+                "given is exact between its line <<<TAG artifact:<id> and its line >>>TAG]")
+        return "\n".join([head, *parts])
+
+    def _give(self, artifact_id: str, asked: Mapping[str, Any], max_bytes: int, max_tokens: int) -> _Given | str:
+        """One artifact's bytes within `max_bytes` and `max_tokens` (the lines `asked` names, if it does), or
+        the refusal's text; the decision is recorded either way."""
         try:
-            if "function" in call:
-                arguments = json.loads((call.get("function") or {}).get("arguments") or "{}")
-            else:  # an Anthropic tool_use block
-                arguments = call.get("input")
-            artifact_id = self.full_id(str(arguments["artifact_id"]).strip().removeprefix("artifact:"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return self._refuse(None, "invalid_arguments", 'pass {"artifact_id": "<id after artifact:>"}')
-        try:
-            lines = _line_range(arguments)
+            lines = _line_range(asked)
         except ValueError as problem:
             return self._refuse(artifact_id, "invalid_arguments", str(problem))
         if artifact_id not in self._lineage:
@@ -121,10 +254,13 @@ class Rehydrator:
         # Redacted as its memory was: a secret kept from the model there is not handed over here.
         # Line breaks survive redaction, so a range names the lines the memory numbered.
         raw, redacted = self.policy.redaction.redactor.redact_bytes(raw)
-        answer = self._lines(artifact_id, raw, *lines) if lines is not None else self._bounded(artifact_id, raw)
+        if lines is None:
+            given: _Given | str = _Given(artifact_id, self._bounded(artifact_id, raw, max_bytes, max_tokens), None)
+        else:
+            given = self._lines(artifact_id, raw, *lines, max_bytes=max_bytes, max_tokens=max_tokens)
         if redacted and self.rehydrations[-1]["action"] == "rehydrated":
             self.rehydrations[-1]["redacted"] = dict(redacted)
-        return answer
+        return given
 
     def _exists(self, artifact_id: str) -> bool:
         """Whether the tenant holds this artifact or call's arguments, readable now or not."""
@@ -155,7 +291,8 @@ class Rehydrator:
             return self._refuse(artifact_id, "not_found", f"no artifact:{artifact_id} in this conversation")
         return raw
 
-    def _lines(self, artifact_id: str, raw: bytes, first: int, last: int | None) -> str:
+    def _lines(self, artifact_id: str, raw: bytes, first: int, last: int | None, *, max_bytes: int,
+               max_tokens: int) -> _Given | str:
         """Lines `first`..`last` of the artifact, numbered as its memory numbers them, within bounds."""
         all_lines = raw.decode("utf-8", "replace").split("\n")
         if first > len(all_lines):
@@ -163,9 +300,9 @@ class Rehydrator:
                                 f"artifact:{artifact_id} has {len(all_lines)} lines; start_line {first} is past its end")
         last = min(last or len(all_lines), len(all_lines))
         part = "\n".join(all_lines[first - 1:last]).encode("utf-8", "surrogatepass")
-        body = self._bounded(artifact_id, part)
+        body = self._bounded(artifact_id, part, max_bytes, max_tokens)
         self.rehydrations[-1]["lines"] = [first, last]
-        return f"[{self.name}: artifact:{artifact_id} lines {first}-{last} of {len(all_lines)}]\n{body}"
+        return _Given(artifact_id, body, f"lines {first}-{last} of {len(all_lines)}")
 
     def _policy_refusal(self, view: ArtifactView) -> str | None:
         seen = access(self.policy, view, provider=self.provider, participant=self.participant,
@@ -183,17 +320,16 @@ class Rehydrator:
             text = f"artifact:{view.artifact_id} is private to another participant"
         return self._refuse(view.artifact_id, reason, text)
 
-    def _bounded(self, artifact_id: str, raw: bytes) -> str:
-        limits = self.policy.rehydration
+    def _bounded(self, artifact_id: str, raw: bytes, max_bytes: int, max_tokens: int) -> str:
         text = raw.decode("utf-8", "replace")
         tokens = count_text(text)
-        if len(raw) <= limits.max_bytes and tokens <= limits.max_tokens:
+        if len(raw) <= max_bytes and tokens <= max_tokens:
             self.rehydrations.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "model_request",
                                       "artifact_id": artifact_id, "round": self.rounds, "tokens_after": tokens})
             return text
         # A bounded excerpt: whole characters up to both limits, marked as such.
-        cut = min(len(text), limits.max_bytes, limits.max_tokens * 3)
-        while cut > 0 and (len(text[:cut].encode()) > limits.max_bytes or count_text(text[:cut]) > limits.max_tokens):
+        cut = min(len(text), max_bytes, max_tokens * 3)
+        while cut > 0 and (len(text[:cut].encode()) > max_bytes or count_text(text[:cut]) > max_tokens):
             cut = int(cut * 0.9)
         excerpt = text[:cut]
         self.rehydrations.append({"index": None, "role": "tool", "action": "rehydrated", "reason": "bounded_excerpt",

@@ -3,8 +3,9 @@
 The dialect here is a toy format: an answer is `{"text", "calls", "usage"}`, a stream is events
 `{"text"}`, `{"call"}`, `{"usage"}` and `{"end"}`; text passes at once, calls are held until the
 round ends. So what is checked is the driver's own part, whatever the format: which rounds are
-hidden and how the request grows, the bound on rounds, the usage sum, what a stream relays, and
-that every upstream stream is closed whatever ends it.
+hidden and how the request grows, the bound on rounds (the round that reaches it says so, the
+request after it goes without the tool, an answer left empty gets the gateway's text), the usage
+sum, what a stream relays, and that every upstream stream is closed whatever ends it.
 """
 from __future__ import annotations
 
@@ -37,6 +38,18 @@ class StubRehydrator:
     rehydrations: list[dict[str, Any]] = field(default_factory=list)
     rounds: int = 0
     name: str = TOOL
+    told: list[str] = field(default_factory=list)  # the limit's moments, in order
+
+    def limit_notice(self) -> str:
+        self.told.append(f"notice:{self.rounds}")
+        return "[last round]"
+
+    def past_limit(self, calls: int) -> None:
+        self.told.append(f"past:{calls}")
+
+    def unanswered(self, limit: bool = True) -> str:
+        self.told.append("unanswered" if limit else "cut")
+        return "[limit reached]"
 
     @property
     def policy(self) -> Any:
@@ -55,7 +68,8 @@ class StubRehydrator:
 class ToyStream:
     """The client's side: text frames at once, calls at the round's end, then the usage."""
 
-    def __init__(self) -> None:
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
         self.text: list[str] = []
         self.calls: list[dict[str, Any]] = []
         self.usage: dict[str, Any] | None = None
@@ -68,6 +82,9 @@ class ToyStream:
             if call not in calls:
                 self.calls.append(call)
                 yield f"call:{call['id']}".encode()
+        if calls and not self.text and not self.calls:
+            self.text.append(self.exchange.unanswered())
+            yield f"text:{self.text[-1]}".encode()
         self.usage = usage
         yield f"usage:{(usage or {}).get('tokens')}".encode()
 
@@ -129,16 +146,21 @@ class ToyDialect:
     def as_tool_call(self, call: dict[str, Any]) -> Mapping[str, Any]:
         return call
 
+    def without_tool(self, body: dict[str, Any], name: str) -> dict[str, Any]:
+        return {**body, "tools": [t for t in body["tools"] if t != name]}
+
     def hidden_round(self, answer: dict[str, Any], calls: list[dict[str, Any]], answers: list[str]) -> list[Any]:
         return [{"said": answer["text"], "calls": [c["id"] for c in calls]}, *answers]
 
     def completion(self, answer: dict[str, Any], calls: list[dict[str, Any]], usage: dict[str, Any] | None,
                    exchange: Exchange) -> Completion:
         body = {"text": answer["text"], "calls": [c for c in answer["calls"] if c not in calls]}
+        if calls and not body["text"] and not body["calls"]:
+            body["text"] = exchange.unanswered()
         return Completion(body=body, usage=usage, finish_reason="stop")
 
     def stream(self, exchange: Exchange) -> ToyStream:
-        return ToyStream()
+        return ToyStream(exchange)
 
 
 @dataclass
@@ -148,16 +170,19 @@ class ScriptedUpstream:
 
     script: list[Any]
     requests: list[list[Any]] = field(default_factory=list)  # each call's `turns`, as sent
+    tools: list[list[str]] = field(default_factory=list)  # each call's `tools`, as sent
     closed: list[int] = field(default_factory=list)
 
     async def call(self, api: str, request: UpstreamRequest) -> dict[str, Any]:
         assert api == "toy"
         self.requests.append(list(request.body["turns"]))
+        self.tools.append(list(request.body["tools"]))
         return self.script[len(self.requests) - 1]
 
     def stream(self, api: str, request: UpstreamRequest) -> AsyncIterator[dict[str, Any]]:
         assert api == "toy"
         self.requests.append(list(request.body["turns"]))
+        self.tools.append(list(request.body["tools"]))
         return self._round(len(self.requests) - 1)
 
     async def _round(self, number: int) -> AsyncIterator[dict[str, Any]]:
@@ -172,7 +197,7 @@ class ScriptedUpstream:
 
 
 def exchange_for(rehydrator: StubRehydrator | None) -> Exchange:
-    request = UpstreamRequest(alias="m", litellm_params={"model": "openai/m"}, body={"turns": ["the total?"]},
+    request = UpstreamRequest(alias="m", litellm_params={"model": "openai/m"}, body={"turns": ["the total?"], "tools": ["read_file", TOOL]},
                               timeout_seconds=10, request_id="req_1")
     return Exchange(dialect=ToyDialect(), request=request, rehydrator=rehydrator,  # type: ignore[arg-type]
                     client=NeutralRequest(model="m", messages=[], stream=False))
@@ -193,8 +218,10 @@ def test_json_hidden_rounds_are_answered_appended_and_their_usage_summed() -> No
     assert completion.usage == {"tokens": 60}
     assert rehydrator.asked == [["gw_1"], ["gw_2"]] and exchange.rounds == 2
     round_1 = [{"said": "let me look", "calls": ["gw_1"]}, "bytes of gw_1"]
-    round_2 = [{"said": "", "calls": ["gw_2"]}, "bytes of gw_2"]
+    round_2 = [{"said": "", "calls": ["gw_2"]}, "bytes of gw_2\n[last round]"]  # the round that reaches the bound
     assert upstream.requests == [["the total?"], ["the total?", *round_1], ["the total?", *round_1, *round_2]]
+    assert upstream.tools == [["read_file", TOOL], ["read_file", TOOL], ["read_file"]]  # the last goes without it
+    assert rehydrator.told == ["notice:2"]
 
 
 def test_json_past_the_bound_the_answer_goes_out_without_the_gateway_calls() -> None:
@@ -204,6 +231,33 @@ def test_json_past_the_bound_the_answer_goes_out_without_the_gateway_calls() -> 
     assert len(upstream.requests) == 2
     assert completion.body == {"text": "b", "calls": [CLIENT_CALL]}
     assert completion.usage == {"tokens": 3}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_of_nothing_but_gateway_calls_past_the_bound_is_the_gateways_text(stream: bool) -> None:
+    rehydrator = StubRehydrator(max_rounds=1)
+    exchange = exchange_for(rehydrator)
+    if stream:
+        upstream = ScriptedUpstream([[{"call": gateway_call(1)}, {"end": "completed"}],
+                                     [{"call": gateway_call(2)}, {"call": gateway_call(3)}, {"end": "completed"}]])
+        relay = Relay(upstream, exchange)  # type: ignore[arg-type]
+        assert asyncio.run(relayed(relay)) == [b"text:[limit reached]", b"usage:None"]
+        body = relay.completion.body
+    else:
+        upstream = ScriptedUpstream([answer("", [gateway_call(1)], 1), answer("", [gateway_call(2), gateway_call(3)], 2)])
+        body = asyncio.run(complete(upstream, exchange)).body  # type: ignore[arg-type]
+    assert body == {"text": "[limit reached]", "calls": []}
+    assert upstream.tools == [["read_file", TOOL], ["read_file"]]
+    assert rehydrator.told == ["notice:1", "past:2", "unanswered"]
+
+
+def test_past_the_bound_the_models_own_text_is_the_answer() -> None:
+    rehydrator = StubRehydrator(max_rounds=1)
+    upstream = ScriptedUpstream([answer("", [gateway_call(1)], 1), answer("I found 7", [gateway_call(2)], 2)])
+    completion = asyncio.run(complete(upstream, exchange_for(rehydrator)))  # type: ignore[arg-type]
+
+    assert completion.body == {"text": "I found 7", "calls": []}
+    assert rehydrator.told == ["notice:1", "past:1"]
 
 
 def test_json_without_the_tool_every_answer_is_the_clients() -> None:

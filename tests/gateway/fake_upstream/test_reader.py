@@ -62,6 +62,32 @@ def test_a_fact_behind_a_memory_brings_the_file_back_by_the_same_call_or_the_reh
     assert call_of(READER.step(chat_seen(offered))) == ("gateway_rehydrate", {"artifact_id": "art_0123abcd"})
 
 
+def test_all_at_once_it_asks_for_every_memory_in_one_call_and_counts_them_brought_back() -> None:
+    other = MEMORY.replace("art_0123abcd", "art_4567ef01")
+    rounds = (("a.txt", MEMORY), ("b.txt", other))
+    offered = chat(*rounds, tools=[READ_TOOL, REHYDRATE_TOOL])
+    eager = Reader(all_at_once=True)
+    assert call_of(eager.step(chat_seen(offered))) == (
+        "gateway_rehydrate", {"artifacts": [{"artifact_id": "art_0123abcd"}, {"artifact_id": "art_4567ef01"}]})
+    assert call_of(READER.step(chat_seen(offered))) == ("gateway_rehydrate", {"artifact_id": "art_0123abcd"})
+    asked = offered["messages"] + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "g1", "type": "function", "function": {
+            "name": "gateway_rehydrate", "arguments": json.dumps({"artifacts": [{"artifact_id": "art_0123abcd"},
+                                                                                "artifact:art_4567ef01"]})}}]},
+        {"role": "tool", "tool_call_id": "g1", "content": "[gateway_rehydrate: 2 asked, 0 given, 2 refused]"}]
+    for reader in (eager, READER):  # both brought back, by either form: nothing left to ask for
+        assert reader.step(chat_seen({**offered, "messages": asked})).message["content"] == \
+            "FACTS: CODE=unknown, OWNER=unknown"
+
+
+def test_a_tool_added_mid_conversation_counts_as_offered() -> None:
+    addition = {"role": "system", "content": [{"type": "tool_addition", "tool": {
+        "type": "tool_definition", "definition": {"name": "gateway_rehydrate", "input_schema": {"type": "object"}}}}]}
+    body = {"model": "m", "tools": [{"name": "read_file"}],
+            "messages": [{"role": "user", "content": TASK}, addition]}
+    assert messages_seen(body).offered == {"read_file", "gateway_rehydrate"}
+
+
 def test_once_brought_back_and_still_missing_the_fact_is_unknown() -> None:
     again = chat(("a.txt", MEMORY), ("b.txt", "OWNER: ana"), ("a.txt", MEMORY))
     assert READER.step(chat_seen(again)).message["content"] == "FACTS: CODE=unknown, OWNER=ana"

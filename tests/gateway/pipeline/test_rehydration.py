@@ -313,7 +313,16 @@ def test_past_the_round_bound_the_client_gets_no_gateway_call(gateway: RunningGa
         completion = client.chat.completions.create(model="fake", messages=messages, tools=TOOLS)
         assert completion.choices[0].message.tool_calls is None
         assert completion.choices[0].finish_reason == "stop"
+        assert completion.choices[0].message.content == "Checking."  # the model's own words, never nothing
     assert len(gateway.fake.requests) == 3
+    second, last = gateway.fake.requests[1]["body"], gateway.fake.requests[2]["body"]
+    assert "last round" not in second["messages"][-1]["content"]
+    assert "that was the last round of rehydration this request allows (2)" in last["messages"][-1]["content"]
+    assert [t["function"]["name"] for t in last["tools"]] == [t["function"]["name"] for t in TOOLS]  # not ours
+    with gateway.client() as http:  # the run's record says the bound was reached, and then called past
+        record = http.get(f"/api/requests/{gateway.fake.requests[-1]['headers']['x-client-request-id']}").json()
+    assert [(d["reason"], d["round"]) for d in record["assembly"]["decisions"] if d["action"] == "rehydration_limit"] \
+        == [("max_rounds", 2), ("called_past_limit", 2)]
 
 
 @pytest.mark.parametrize("lines, expected", [
