@@ -17,7 +17,7 @@ from storage.schema import ModelRun
 from storage.store_base import StoreBase
 
 _RUNS = ModelRun.__table__
-SUMMED = ("requests", "answer_calls", "repeated_calls", "final_answers", "tool_results", "tool_errors",
+SUMMED = ("requests", "repeated_calls", "tool_results", "tool_errors",
           "rehydrations", "tokens_sent", "tokens_forwarded", "prompt_tokens", "cached_tokens", "cost_usd", "shadows",
           "shadows_agreed", "shadow_similarity", "shadow_cost_usd")
 _KEYS = ("tenant", "conversation", "arm", "policy_version")
@@ -48,8 +48,7 @@ class Evaluations(StoreBase):
             select(_RUNS.c.tenant, conversation.label("conversation"), _RUNS.c.evaluation_arm.label("arm"),
                    _RUNS.c.policy_version, func.count().label("requests"),
                    *(func.coalesce(func.sum(_RUNS.c[name]), 0).label(name) for name in (
-                       "answer_calls", "repeated_calls", "tool_results", "tool_errors", "rehydrations")),
-                   _count(_RUNS.c.final_answer.is_(True)).label("final_answers"),
+                       "repeated_calls", "tool_results", "tool_errors", "rehydrations")),
                    func.coalesce(func.sum(_RUNS.c.tokens_original), 0).label("tokens_sent"),
                    func.coalesce(func.sum(_RUNS.c.tokens_forwarded), 0).label("tokens_forwarded"),
                    func.coalesce(func.sum(_RUNS.c.prompt_tokens), 0).label("prompt_tokens"),

@@ -245,6 +245,10 @@ def run_as_dict(row: ModelRun, encryption: EncryptionKeys) -> dict[str, Any]:
     }
 
 
+# A run's outcome signals (gateway/evaluation/signals.py), as columns of `model_runs`.
+SIGNALS = ("answer_calls", "repeated_calls", "final_answer", "tool_results", "tool_errors", "rehydrations")
+
+
 def evaluation_as_dict(row: ModelRun) -> dict[str, Any] | None:
     """A run's evaluation: its arm, policy version, outcome signals and shadow comparison (None before any)."""
     if row.evaluation_arm is None:
@@ -256,7 +260,6 @@ def evaluation_as_dict(row: ModelRun) -> dict[str, Any] | None:
     return {
         "arm": row.evaluation_arm,
         "policy_version": row.policy_version,
-        "signals": {name: getattr(row, name) for name in (
-            "answer_calls", "repeated_calls", "final_answer", "tool_results", "tool_errors", "rehydrations")},
+        "signals": {name: getattr(row, name) for name in SIGNALS},
         "shadow": shadow,
     }

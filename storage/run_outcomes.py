@@ -13,13 +13,12 @@ from policies.transcript import opening_conversation_id
 from storage.assembly_record import AssemblyRecord, assembly_to_row, message_digest
 from storage.conversations import Conversations
 from storage.encryption import forwarded_aad, run_error_aad, run_response_aad
-from storage.record_types import RunOutcome
+from storage.record_types import SIGNALS, RunOutcome
 from storage.schema import ContextAssembly, ForwardedMessage, ModelRun
 
 _RUNS = ModelRun.__table__
 # How a run ended, built once: a value left None (deployment, upstream model, attempts) keeps the row's.
 _KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
-SIGNALS = ("answer_calls", "repeated_calls", "final_answer", "tool_results", "tool_errors", "rehydrations")
 _FINISH_RUN = (
     update(_RUNS)
     .where(_RUNS.c.id == bindparam("request_id"), _RUNS.c.status.in_(("pending", "interrupted")))

@@ -12,19 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from gateway.evaluation.next_action import call_key, message_calls, next_action
+from gateway.evaluation.next_action import call_key, message_text, next_action
 from policies.tool_status import message_status
-
-_STATUS_CHARS = 2048  # the status reads a result's opening (policies/tool_status.py)
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content[:_STATUS_CHARS * 4]
-    if isinstance(content, list):
-        return "".join(part.get("text") or "" for part in content[:32]
-                       if isinstance(part, Mapping) and isinstance(part.get("text"), str))
-    return ""
 
 
 def request_signals(messages: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -36,7 +25,7 @@ def request_signals(messages: Sequence[Mapping[str, Any]]) -> dict[str, int]:
             break
         if role == "tool":
             results += 1
-            errors += message_status(dict(message), _text(message.get("content"))) == "error"
+            errors += message_status(dict(message), message_text(message)) == "error"
     return {"tool_results": results, "tool_errors": errors}
 
 
@@ -60,6 +49,3 @@ def run_signals(messages: Sequence[Mapping[str, Any]], answer: Mapping[str, Any]
     """Every signal of one answered run."""
     put_back = sum(1 for decision in rehydrations if decision.get("action") == "rehydrated")
     return {**request_signals(messages), **answer_signals(messages, answer), "rehydrations": put_back}
-
-
-__all__ = ["answer_signals", "message_calls", "request_signals", "run_signals"]
