@@ -192,9 +192,9 @@ def _decide_result(state: Assembly, draft: _Draft, index: int, view: ArtifactVie
         draft.decide(index, "stale", "stale", text, view.artifact_id, state.kept(index, stale), tokens)
         return
     if in_epoch and index not in epochs.pinned and state.saving(index, snapshot) > 0:
-        text, tokens, form = state.compact_form(index)
+        text, tokens, form = state.compact_form(index, snapshot)
         draft.decide(index, "compacted", f"epoch:{epochs.epoch_round}" if form == "memory" else form, text,
-                     view.artifact_id, state.kept(index) if form == "memory" else "", tokens)
+                     view.artifact_id, state.kept(index, upto=snapshot) if form == "memory" else "", tokens)
 
 
 def _remember_decisions(state: Assembly, draft: _Draft, epochs: Epochs, latest: set[int], trailing: set[int]) -> None:

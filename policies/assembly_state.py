@@ -8,7 +8,7 @@ policies/assembler.py makes one per request and decides from it; the epoch repla
 """
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
@@ -16,8 +16,8 @@ from policies import decision_reuse
 from policies.assembly_types import Records
 from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
 from policies.epoch_replay import EpochReplay
-from policies.excerpts import terms_of
-from policies.memories import compact_arguments, excerpt, kept_summary, render_memory, terms_in, text_free
+from policies.excerpts import Kept, phrases_of, terms_of
+from policies.memories import compact_arguments, excerpt, holds, kept_summary, render_memory, terms_in, text_free
 from policies.policy import Policy, ToolRule
 from policies.result_facts import loose_digest, short_values, shown_revision
 from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
@@ -37,6 +37,13 @@ _NODE_SAVINGS = BoundedCache(65536)
 # every message before it): the next request looks up only its new messages' terms.
 _NAMED_TERMS = BoundedCache(256)
 
+# What the conversation named of one result (`Assembly.salience_terms`): its terms, those a user turn
+# asked about, and the quoted terms and paths a user turn named that it holds.
+Named = tuple[frozenset[str], frozenset[str], frozenset[str]]
+_NOTHING_NAMED: Named = (frozenset(), frozenset(), frozenset())
+# What a client adds to a user turn of its own accord (Claude Code's reminders of files and todos) asks nothing.
+_REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|$)", re.S)
+
 
 # What `Assembly._index_duplicates` found for a request (length, views, duplicates and the outputs
 # seen by digest), by (node id of its last message, context): the next request looks at its new results
@@ -49,6 +56,12 @@ def _age(seconds: float) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit}"
     return f"{int(seconds)}s"
+
+
+def _lines_shown(lines: Sequence[Kept]) -> tuple[frozenset[int], frozenset[int]]:
+    """The artifact lines an excerpt shows, and those it keeps because a user turn asked about them."""
+    shown = frozenset(n for k in lines if k.number for n in range(k.number, max(k.number, k.through) + 1))
+    return shown, frozenset(k.number for k in lines if k.number and k.why.split("+")[0] == "asked")
 
 
 class Assembly(EpochReplay):
@@ -67,7 +80,7 @@ class Assembly(EpochReplay):
         self.now, self.provider, self.encoding, self.participant = now, provider, encoding, participant
         self.rounds, self.round_of = rounds_and_numbers(messages, node_ids)
         self.tokens = list(tokens) if tokens is not None else [message_tokens(m, encoding) for m in messages]
-        self._memory_cache: dict[tuple[int, str | None], tuple[str, int, str]] = {}
+        self._memory_cache: dict[tuple[Any, ...], tuple[str, int, str, tuple[frozenset[int], frozenset[int]]]] = {}
         self._rules: dict[int, ToolRule] = {}
         self._restricted: dict[int, bool] = {}
         self._savings: dict[tuple[int, str | None, str | None], int] = {}
@@ -143,42 +156,59 @@ class Assembly(EpochReplay):
         """The first of `candidates` the requester may see raw (checked only when a duplicate is found)."""
         return next((i for i in candidates if self.access(i).raw and not self.restricted(i)), None)
 
-    def terms_before(self, index: int) -> frozenset[str]:
-        """The identifiers and amounts of result `index` that user turns and tool-call arguments named
-        before it (only what came before, so a memory renders the same on every later request)."""
+    def salience_terms(self, index: int, upto: int | None = None) -> Named:
+        """What the conversation had named of result `index` (its terms, those a user turn asked about,
+        and the quoted terms and paths a user turn named that it holds) before the end of round `upto`
+        (the round count its memory renders as of: up to the next round's call, the request's end when
+        there is none yet), or before the result itself when `upto` is None. Only what came before a
+        fixed point, so a memory renders the same on every later request; the memory of an epoch's
+        move follows the question asked by then (and `EpochReplay._question_refresh` re-renders the
+        older ones a new question needs). Nothing when the policy's `follow_conversation` is off."""
+        if not self.c.follow_conversation:
+            return _NOTHING_NAMED
         if self._first_named is None:
             self._first_named = self._named_terms()
-        if not self._first_named:
-            return frozenset()
+        terms, asked, phrases = self._first_named
+        if not terms and not phrases:
+            return _NOTHING_NAMED
+        bound = index if upto is None else self.rounds[upto].assistant if upto < len(self.rounds) else len(self.messages)
         never = len(self.messages)
-        return frozenset(t for t in terms_in(self.records.artifacts[index])
-                         if self._first_named.get(t, never) < index)
+        view = self.records.artifacts[index]
+        named = frozenset(t for t in terms_in(view) if terms.get(t, never) < bound)
+        return (named, frozenset(t for t in named if asked.get(t, never) < bound),
+                frozenset(p for p, at in phrases.items() if at < bound and holds(view, p)))
 
-    def _named_terms(self) -> dict[str, int]:
-        """Where a user turn or call first named each term: extends what an earlier request of the
+    def _named_terms(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """Where a user turn or call first named each term, where a user turn first named each, and
+        where one first named each quoted term or path: extends what an earlier request of the
         conversation found in its messages (by the node id of its last, which names them all)."""
-        start, named = 0, {}
+        start, terms, asked, phrases = 0, {}, {}, {}
         if self.node_ids:
             for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - PREFIX_LOOKBACK), -1):
                 found = _NAMED_TERMS.get(self.node_ids[position])
                 if found is not None:
-                    start, named = position + 1, dict(found)
+                    start, terms, asked, phrases = position + 1, dict(found[0]), dict(found[1]), dict(found[2])
                     break
         for position in range(start, len(self.messages)):
             message = self.messages[position]
             if message.get("role") == "user":
                 content = message.get("content")
-                text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+                text = _REMINDER.sub(" ", content if isinstance(content, str) else " ".join(
+                    str(part.get("text") or "") for part in content if isinstance(part, Mapping))
+                    if isinstance(content, list) else "")
+                for phrase in phrases_of(text):
+                    phrases.setdefault(phrase, position)
+                for term in terms_of(text):
+                    asked.setdefault(term, position)
+                    terms.setdefault(term, position)
             elif message.get("role") == "assistant" and message.get("tool_calls"):
                 text = " ".join(short_values(arguments) for c in message["tool_calls"] if isinstance(c, Mapping)
                                 and isinstance(arguments := (c.get("function") or {}).get("arguments"), str))
-            else:
-                continue
-            for term in terms_of(text):
-                named.setdefault(term, position)
+                for term in terms_of(text):
+                    terms.setdefault(term, position)
         if self.node_ids and start < len(self.messages):
-            _NAMED_TERMS.put(self.node_ids[-1], named)
-        return named
+            _NAMED_TERMS.put(self.node_ids[-1], (terms, asked, phrases))
+        return terms, asked, phrases
 
     def compacted_arguments(self, index: int) -> tuple[dict[str, Any], str, int] | None:
         """The assistant message at `index` with its long call arguments compacted, the first
@@ -257,25 +287,36 @@ class Assembly(EpochReplay):
         return (f"[STALE: observed {_age(age)} before this request, past its {_age(rule.stale_after)} "
                 f"freshness window ({rule.freshness}); call {refresh} again for current data]")
 
-    def memory(self, index: int, stale: str | None = None) -> tuple[str, int]:
-        text, tokens, _ = self._memory(index, stale)
+    def memory(self, index: int, stale: str | None = None, upto: int | None = None) -> tuple[str, int]:
+        """The memory of result `index`, as of round `upto` (see `salience_terms`)."""
+        text, tokens, _, _ = self._memory(index, stale, upto)
         return text, tokens
 
-    def kept(self, index: int, stale: str | None = None) -> str:
-        """Which lines the memory of `index` kept, and why (for the assembly record)."""
-        return self._memory(index, stale)[2]
+    def reveals(self, index: int, before: int, upto: int) -> bool:
+        """Whether the memory of `index` as of round `upto` shows a line a user turn asked about that
+        its memory as of round `before` leaves out."""
+        then, now = self.salience_terms(index, before), self.salience_terms(index, upto)
+        if then[1:] == now[1:]:
+            return False  # nothing more asked about
+        shown, asked = self._memory(index, None, before)[3], self._memory(index, None, upto)[3]
+        return bool(asked[1] - shown[0])
 
-    def _memory(self, index: int, stale: str | None) -> tuple[str, int, str]:
-        key = (index, stale)
+    def kept(self, index: int, stale: str | None = None, upto: int | None = None) -> str:
+        """Which lines the memory of `index` kept, and why (for the assembly record)."""
+        return self._memory(index, stale, upto)[2]
+
+    def _memory(self, index: int, stale: str | None, upto: int | None
+                ) -> tuple[str, int, str, tuple[frozenset[int], frozenset[int]]]:
+        terms = self.salience_terms(index, upto)
+        key = (index, stale, terms)
         if key in self._memory_cache:
             return self._memory_cache[key]
-        node_key = (self.node_ids[index], self.policy.fingerprint, self.encoding, stale) \
+        node_key = (self.node_ids[index], self.policy.fingerprint, self.encoding, stale, terms) \
             if self.node_ids is not None else None
         if node_key is not None and (found := _NODE_MEMORIES.get(node_key)) is not None:
             self._memory_cache[key] = found
             return found
         view = self.records.artifacts[index]
-        terms = self.terms_before(index)
         shared_key = (self.policy.fingerprint, self.encoding, text_free(view), stale, terms)
         found = _RENDERED.get(shared_key)
         if found is None:
@@ -283,10 +324,10 @@ class Assembly(EpochReplay):
             # would no longer be recognised.
             redacted = self.policy.redaction.redactor.redact(view.content)
             shown = replace(view, content=redacted.text) if redacted.counts else view
-            lines = excerpt(shown, self.rule(index), self.c, terms)
+            lines = excerpt(shown, self.rule(index), self.c, *terms)
             text = render_memory(shown, self.rule(index), self.c, stale, lines=lines)
             found = (text, message_tokens({**self.messages[index], "content": text}, self.encoding),
-                     kept_summary(lines, redacted.counts))
+                     kept_summary(lines, redacted.counts), _lines_shown(lines))
             _RENDERED.put(shared_key, found)
         if node_key is not None:
             _NODE_MEMORIES.put(node_key, found)
@@ -313,19 +354,19 @@ class Assembly(EpochReplay):
                 f"artifact:{short_ref(first.artifact_id)}]")
         return text, message_tokens({**self.messages[index], "content": text}, self.encoding)
 
-    def compact_form(self, index: int) -> tuple[str, int, str]:
-        """(content, tokens, reason) of an old result compacted: a reference to its earlier duplicate,
-        or its memory."""
+    def compact_form(self, index: int, upto: int) -> tuple[str, int, str]:
+        """(content, tokens, reason) of an old result compacted as of round `upto`: a reference to its
+        earlier duplicate, or its memory."""
         if (notice := self.duplicate_notice(index)) is not None and notice[1] < self.tokens[index]:
             earlier = self.records.artifacts[self.duplicate[index][0]].artifact_id
             return notice[0], notice[1], f"duplicate_of:{earlier}"
-        text, tokens = self.memory(index)
+        text, tokens = self.memory(index, upto=upto)
         return text, tokens, "memory"
 
     def saving(self, index: int, upto: int) -> int:
         """Tokens saved by rendering this result as of round `upto` instead of verbatim."""
-        # It depends on `upto` only through these two facts: memoise on them.
-        key = (index, self.superseded_by(index, upto), self.protected(index, upto))
+        # It depends on `upto` only through these three facts: memoise on them.
+        key = (index, self.superseded_by(index, upto), self.protected(index, upto), self.salience_terms(index, upto))
         found = self._savings.get(key)
         if found is None:
             node_key = (self.node_ids[index], self.context_key, *key[1:]) if self._share_savings else None
@@ -349,7 +390,7 @@ class Assembly(EpochReplay):
         small = self.tokens[index] < (rule.min_tokens if rule.min_tokens is not None else self.c.min_tokens)
         if small and index not in self.duplicate:
             return 0  # small results stay whole; a repeated one still becomes a reference
-        _, tokens, reason = self.compact_form(index)
+        _, tokens, reason = self.compact_form(index, upto)
         if small and reason == "memory":
             return 0
         return max(0, self.tokens[index] - tokens)

@@ -53,11 +53,11 @@ def fit_budget(state: BudgetFacts, out: list[dict[str, Any]], decisions: dict[in
             continue
         if state.protected(index, len(state.rounds)):
             continue
-        text, after, form = state.compact_form(index)
+        text, after, form = state.compact_form(index, len(state.rounds))
         if after < tokens[index]:
             out[index] = {**out[index], "content": text}
             decisions[index] = Decision(index, "tool", "compacted", "over_budget", view.artifact_id,
-                                        state.tokens[index], after, state.kept(index) if form == "memory" else "")
+                                        state.tokens[index], after, state.kept(index, upto=len(state.rounds)) if form == "memory" else "")
             tokens[index] = after
     if sum(tokens) <= budget:
         return out

@@ -150,13 +150,41 @@ class EpochReplay:
             # the previous request ended just before round t's assistant message: the rounds before it
             # and whatever prose and user turns followed them
             previous_end = self.rounds[t - 1].assistant - 1
+            self._question_refresh(r, t - 1)
             self._refresh(r, t, links.retries.get(t, ()), span, previous_end)
             self._move(r, t, links, span, previous_end)
         r.t = len(self.rounds)
         self._remember_replay(r)
+        if self._asks_after(r.t):  # a question after the latest round: not the replay's state at that round
+            r = r.copy()
+            self._question_refresh(r, r.t)
         as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()}
         upcoming, due = self._upcoming(r.window, r.boundary, span, self._move_saving) if self.foresee else (None, False)
         return Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming, due)
+
+    def _asks_after(self, t: int) -> bool:
+        """Whether a user turn follows round `t` (before the next round's call, or the request's end)."""
+        if t == 0:
+            return False
+        end = self.rounds[t].assistant if t < len(self.rounds) else len(self.messages)
+        return any(self.messages[p].get("role") == "user" for p in range(self.rounds[t - 1].end + 1, end))
+
+    def _question_refresh(self, r: Replay, t: int) -> None:
+        """Re-render what is compacted as of round `t` when a user turn after round `t` asks about a line
+        a memory rendered earlier leaves out: correctness, not economy (the model is asked about what it
+        would otherwise see only as an artifact id), though it breaks the prefix at the first memory
+        that changes. A memory renders as of the question only through this and a move (`salience_terms`)."""
+        if r.boundary == 0 or r.refreshed >= t or not self._asks_after(t):
+            return
+        for number in range(1, r.boundary + 1):
+            then = max(r.compacted_at.get(number, 0), r.refreshed)
+            if then >= t:
+                continue
+            for i in self.rounds[number - 1].tools:
+                if i in self.records.artifacts and i not in r.pinned and not self.superseded_by(i, t) \
+                        and self.reveals(i, then, t):
+                    r.refreshed = t
+                    return
 
     def _move_saving(self, i: int, t: int) -> int:
         """What compacting result `i` saves at round `t`; a superseded one is a notice at any boundary."""

@@ -74,7 +74,8 @@ _SALIENCE: tuple[tuple[str, int, re.Pattern[str]], ...] = (
         r"timed? ?out)\b", re.I)),
     ("status", 1, re.compile(r"^\W*(?:status|state|result|outcome|decision|resolution)\W*\s*[:=]", re.I)),
 )
-_POLICY_WEIGHT, _MENTIONED_WEIGHT = 4, 3
+# What a user turn asked about outweighs any one rule: it is the line the model is looking for.
+_ASKED_WEIGHT, _POLICY_WEIGHT, _MENTIONED_WEIGHT = 6, 4, 3
 _MIN_WEIGHT = 2  # a status field alone does not earn a place
 _TERM = re.compile(r"[A-Za-z0-9$][A-Za-z0-9_\-.,/:]*[A-Za-z0-9%]")
 _CONTINUATION = re.compile(r"^(?:[a-z]|(?:and|or|but|unless|except|then|so)\b)")
@@ -106,18 +107,46 @@ def _terms_of(text: str) -> frozenset[str]:
 
 _remembered_terms = memo(maxsize=16384)(_terms_of)
 
+_QUOTED = re.compile(r"\"([^\"\n]{3,60})\"|(?<![\w'])'([^'\n]{3,60})'(?![\w'])|`([^`\n]{3,60})`"
+                     r"|\u201c([^\u201d\n]{3,60})\u201d")
+_USER_PATH = re.compile(r"(?<![\w/.:-])(?:~|\.{1,2})?/?(?:[\w.-]+/)+[\w.-]*\w")
+
+
+def phrases_of(text: str) -> frozenset[str]:
+    """What a user's words name that `terms_of` does not: quoted terms (straight, typographic or code
+    quotes) and paths with a directory (`src/app.py`, `/var/log/ship.log`), casefolded. URLs are not
+    paths here, and a bare directory of one part (`/testbed`) names too much to single a line out."""
+    out = set()
+    for groups in _QUOTED.findall(text):
+        quoted = next(g for g in groups if g).strip()
+        if len(quoted) >= 3:
+            out.add(quoted.casefold())
+    for path in _USER_PATH.findall(text):
+        if path.strip("/").count("/") >= 1 and not path.startswith("//"):
+            out.add(path.casefold())
+    return frozenset(out)
+
 
 @dataclass(frozen=True)
 class Salience:
-    """What makes a line worth keeping for one memory: built-in rules, the policy's patterns, and the
-    identifiers and amounts the conversation had mentioned before the result."""
+    """What makes a line worth keeping for one memory: what a user turn asked about (its identifiers,
+    amounts, quoted terms and paths), built-in rules, the policy's patterns, and the identifiers and
+    amounts calls named."""
 
     patterns: tuple[str, ...] = ()
-    terms: frozenset[str] = frozenset()
+    terms: frozenset[str] = frozenset()  # named by user turns or call arguments
+    asked: frozenset[str] = frozenset()  # those of `terms` a user turn named
+    phrases: frozenset[str] = frozenset()  # quoted terms and paths a user turn named, casefolded
 
     def reasons(self, line: str) -> tuple[int, str, int]:
         """(weight, reasons joined by '+', where in the line the first reason starts)."""
         weight, why, at = 0, [], len(line)
+        if self.asked or self.phrases:
+            folded = line.casefold()
+            hits = [found for phrase in self.phrases if (found := folded.find(phrase)) >= 0]
+            hits += [line.find(term) for term in self.asked & terms_of(line)]
+            if hits:
+                weight, why, at = _ASKED_WEIGHT, ["asked"], min(hits)
         for pattern in self.patterns:
             if found := re.search(pattern, line):
                 weight, why, at = weight + _POLICY_WEIGHT, [*why, "policy"], min(at, found.start())
@@ -125,7 +154,7 @@ class Salience:
         for name, value, compiled in _SALIENCE:
             if found := compiled.search(line):
                 weight, why, at = weight + value, [*why, name], min(at, found.start())
-        if self.terms and (named := self.terms & terms_of(line)):
+        if not why[:1] == ["asked"] and self.terms and (named := self.terms & terms_of(line)):
             weight, why = weight + _MENTIONED_WEIGHT, [*why, "mentioned"]
             at = min(at, min(line.find(term) for term in named))
         return weight, "+".join(why), at

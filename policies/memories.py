@@ -91,6 +91,19 @@ def terms_in(view: ArtifactView) -> frozenset[str]:
     return found
 
 
+_HOLDS = BoundedCache(16384)
+
+
+def holds(view: ArtifactView, phrase: str) -> bool:
+    """Whether the result holds `phrase` (casefolded), remembered by the result's sha256."""
+    key = (view.sha256, phrase)
+    found = _HOLDS.get(key)
+    if found is None:
+        found = phrase in view.content.casefold()
+        _HOLDS.put(key, found)
+    return found
+
+
 _MIN_LINE_CHARS = 40
 
 
@@ -111,12 +124,15 @@ def budget_for(c: Compaction, chars: int) -> Compaction:
     })
 
 
-def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction, terms: frozenset[str] = frozenset()) -> list[Kept]:
-    """The lines of the memory's body, by the rule's extractor, each with why it was kept."""
+def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction, terms: frozenset[str] = frozenset(),
+            asked: frozenset[str] = frozenset(), phrases: frozenset[str] = frozenset()) -> list[Kept]:
+    """The lines of the memory's body, by the rule's extractor, each with why it was kept; what the
+    conversation named of it: `terms`, those of them a user turn `asked` about, and the quoted terms
+    and paths (`phrases`, casefolded) a user turn asked about."""
     kind = rule.extractor
     text = view.content
     window = c.max_line_chars  # a deciding line's window keeps its width whatever the result's size
-    salience = Salience(patterns=(*c.salient_patterns, *rule.salient), terms=terms)
+    salience = Salience(patterns=(*c.salient_patterns, *rule.salient), terms=terms, asked=asked, phrases=phrases)
     c = budget_for(c, len(text))
     if kind == "error" or (kind == "auto" and view.status == "error"):
         return error_excerpt(text, c, salience, window)

@@ -143,6 +143,10 @@ class Compaction(_Strict):
     # decision (conditions, negations, errors, status fields, identifiers the conversation named).
     salient_chars: int = Field(160, ge=0)
     salient_patterns: list[str] = Field(default_factory=list)  # regexes adding to the built-in rules
+    # Memories follow the conversation: a line naming what a user turn asked about (its identifiers,
+    # numbers, quoted terms, paths) comes first, then one naming what a call's arguments named; as of
+    # the round the memory renders at (policies/assembly_state.py `salience_terms`). Off: neither.
+    follow_conversation: bool = True
     # A memory's opening and end take at most this share of its result's characters (the lines that
     # carry a decision keep `salient_chars`): a 250-token answer does not keep a 100-token memory.
     excerpt_share: float | None = Field(None, gt=0, le=1)

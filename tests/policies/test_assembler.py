@@ -317,16 +317,20 @@ def test_a_revision_can_come_from_the_result() -> None:
     assert "(revision 2025-11-02): replaced by revision 2026-03-01" in projection.messages[5]["content"]
 
 
-def test_what_the_user_says_later_never_changes_an_earlier_memory() -> None:
+def test_a_later_question_changes_no_memory_unless_it_asks_about_a_line_one_hides() -> None:
     note = "\n".join([f"Entry {i}: routine update on the account." for i in range(60)])
     note = note.replace("Entry 30: routine update", "Entry 30: order QX7781 flagged")
     messages = conversation(0) + tool_round("a", "crm_notes", note, customer="c1")
     messages += tool_round("b", "bash", "x" * 10, command="true") + tool_round("z", "bash", "ok", command="true")
     before, _ = project(messages, policy(compaction={"salient_chars": 0}))
+    assert "QX7781" not in before.messages[3]["content"]
+    unrelated = messages + [{"role": "user", "content": "What happened to ZZ0000?"}] + tool_round(
+        "y", "bash", "ok", command="true")
+    assert project(unrelated, policy(compaction={"salient_chars": 0}))[0].messages[3] == before.messages[3]
     later = messages + [{"role": "user", "content": "What happened to QX7781?"}] + tool_round(
         "y", "bash", "ok", command="true")
     after, _ = project(later, policy(compaction={"salient_chars": 0}))
-    assert after.messages[3] == before.messages[3]
+    assert "L31: Entry 30: order QX7781 flagged" in after.messages[3]["content"]  # tests/policies/test_follow_question.py
     named_first = [{"role": "system", "content": "s"}, {"role": "user", "content": "Look into QX7781."},
                    *messages[2:]]
     mentioned, _ = project(named_first, policy())

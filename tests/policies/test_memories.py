@@ -227,10 +227,13 @@ def assert_exact_elision(kept: list, originals: list[str]) -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(texts, budgets, st.frozensets(st.sampled_from(["A1B2", "250", "4471"])))
-def test_excerpts_are_faithful_ordered_and_bounded(text: str, c: Compaction, terms: frozenset[str]) -> None:
-    kept = excerpt(view(text), RULE, c, terms)
-    assert kept == excerpt(view(text), RULE, c, terms)  # deterministic
+@given(texts, budgets, st.frozensets(st.sampled_from(["A1B2", "250", "4471"])),
+       st.frozensets(st.sampled_from(["A1B2", "4471"])), st.frozensets(st.sampled_from(["order never", "refund"])))
+def test_excerpts_are_faithful_ordered_and_bounded(text: str, c: Compaction, terms: frozenset[str],
+                                                   asked: frozenset[str], phrases: frozenset[str]) -> None:
+    asked = asked & terms  # what a user turn named is among what the conversation named
+    kept = excerpt(view(text), RULE, c, terms, asked, phrases)
+    assert kept == excerpt(view(text), RULE, c, terms, asked, phrases)  # deterministic
     originals = text.split("\n")
     numbers = [k.number for k in kept if k.number]
     assert numbers == sorted(set(numbers))  # each line once, in order
