@@ -51,6 +51,7 @@ class ReuseFacts(Protocol):
 
     previous: Decided | None
     policy: Policy
+    messages: Sequence[Mapping[str, Any]]
     now: float
     rounds: Sequence[Round]
     round_of: Mapping[int, int]
@@ -68,7 +69,8 @@ def unchanged(state: ReuseFacts, epochs: Epochs, latest: set[int], trailing: set
     through staleness), whether it is among the latest rounds or the trailing results, what supersedes
     it, what retries it, its earlier duplicate, whether its round is behind the boundary and as of which
     round it is rendered, whether it is pinned, and the epoch (only in the reason `epoch:N`). Whatever
-    of these differs from the earlier request's marks it to be decided again."""
+    of these differs from the earlier request's marks it to be decided again, and so do the memories
+    rendered as of the latest round when a user turn came since (they read what it asks about)."""
     previous = state.previous
     if previous is None:
         return None
@@ -96,5 +98,12 @@ def unchanged(state: ReuseFacts, epochs: Epochs, latest: set[int], trailing: set
     if epochs.as_of != previous.as_of:
         for number in epochs.as_of.keys() | previous.as_of.keys():
             if epochs.as_of.get(number) != previous.as_of.get(number) and 0 < number <= len(state.rounds):
+                dirty.update(state.rounds[number - 1].tools)
+    # A memory rendered as of the latest round reads the user turns up to the request's end
+    # (`Assembly.salience_terms`): a user turn since the earlier request may change it.
+    if policy.compaction.follow_conversation and any(
+            state.messages[i].get("role") == "user" for i in range(previous.length, len(state.messages))):
+        for number, as_of in epochs.as_of.items():
+            if as_of == len(state.rounds) and 0 < number <= len(state.rounds):
                 dirty.update(state.rounds[number - 1].tools)
     return previous, dirty

@@ -126,3 +126,16 @@ def test_a_clients_own_reminders_ask_nothing() -> None:
         {"type": "text", "text": f"<system-reminder>The user opened a file mentioning {ORDER}.</system-reminder>"},
         {"type": "text", "text": "Go on."}]}]
     assert ORDER not in log_memory(messages, preset("coding-agent"))
+
+
+def test_a_question_right_after_the_move_that_compacted_the_log_is_followed() -> None:
+    # The request that moves the boundary renders the log as of the latest round; a question asked at the
+    # same round count (the model answered in prose) re-renders it, and the next round keeps those bytes.
+    messages = desk()[:8]  # the log's round, then one more: this request's move compacts the log now
+    moved = log_memory(messages, preset("coding-agent"))
+    assert ORDER not in moved
+    asked = messages + [{"role": "assistant", "content": "Lyon has room."},
+                        ask(f"Which carrier has order {ORDER}?")]
+    memory = log_memory(asked, preset("coding-agent"))
+    assert f"L{ASKED_ROW + 1}: {ROWS[ASKED_ROW]}" in memory
+    assert log_memory(asked + tool_round("t1", "track_order", "{}", order=ORDER), preset("coding-agent")) == memory

@@ -167,3 +167,21 @@ def test_reuse_across_supersessions_retries_and_duplicates(keep: int, trigger: i
         results = [artifact_id_for(n.id) for n in nodes if n.message.get("role") == "tool"]
         owners = {a: "bob" if (i // 3 + end // 2) % 4 == 0 else "alice" for i, a in enumerate(results)}
         same(private, f"{tenant}-private", messages[:end], owners=owners, participant="alice")
+
+
+def test_memories_that_follow_a_question_are_the_same_cached_as_fresh() -> None:
+    # A memory rendered as of the latest round reads the user turns up to the request's end: a question at
+    # the same round count, the prose before it, and the rounds after it, each as a fresh process builds it.
+    from tests.policies.test_follow_question import ORDER, ask, desk
+
+    messages = desk()[:8]  # the log's round, then one more: this request's move compacts the log as of now
+    steps = [messages, messages + [{"role": "assistant", "content": "Lyon has room."}]]
+    steps.append(steps[-1] + [ask(f"Which carrier has order {ORDER}?")])
+    for k in range(3):
+        steps.append(steps[-1] + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"t{k}", "type": "function", "function": {
+                "name": "track_order", "arguments": json.dumps({"order": ORDER})}}]},
+            {"role": "tool", "tool_call_id": f"t{k}", "content": json.dumps({"scan": k, "pad": "x" * 900})}])
+    steps.append(steps[-1] + [{"role": "assistant", "content": "Noted."}, ask("And ORD-00000?")])
+    for sent in steps:
+        same(preset("coding-agent"), "caches-desk", sent)
