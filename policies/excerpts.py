@@ -284,10 +284,13 @@ def listing_excerpt(text: str, c: Compaction) -> list[Kept] | None:
         return None
     dirs = sum(1 for line in lines if line.text.endswith("/") or line.text.startswith("d"))
     head = _take(lines, c.head_chars + c.tail_chars, c.max_line_chars)
-    rest = len(lines) - len(head)
-    summary = Kept(0, f"listing of {len(lines)} entries ({dirs} directories)", "listing")
-    return [summary, *(Kept(line.number, clip(line.text, c.max_line_chars), "head", line.repeats) for line in head)] + (
-        [Kept(0, f"[... {rest} more entries ...]", "omitted")] if rest > 0 else [])
+    out = [Kept(0, f"listing of {len(lines)} entries ({dirs} directories)", "listing")]
+    raw, last = text.split("\n"), 0
+    for line in head:  # the first entries, then the lines left out named exactly
+        out += _gap(raw, last, line.number)
+        out.append(Kept(line.number, clip(line.text, c.max_line_chars), "head", line.repeats, line.last))
+        last = max(line.last, line.number)
+    return out + _gap(raw, last, len(raw) + 1)
 
 
 def error_excerpt(text: str, c: Compaction, salience: Salience, window: int | None = None) -> list[Kept]:

@@ -1,4 +1,5 @@
-"""The memory of a JSON result: its outline (shape and first values, cut to the budget) and, below it,
+"""The memory of a JSON result: its outline (shape and first values, cut to the budget after whole
+entries, saying how many it leaves out) and, below it,
 the leaves that carry a decision, each named by its path (`items[3].status: failed`), chosen by the
 same salience as a text's lines (policies/excerpts.py)."""
 from __future__ import annotations
@@ -37,19 +38,39 @@ def _json_outline(value: Any, depth: int, width: int) -> str:
     return rendered if len(rendered) <= width else rendered[:width] + '..."'
 
 
-def _fit(outline: str, budget: int, limit: int) -> str:
-    """The outline cut after the last whole entry that fits `budget` characters (at least the first
-    entry, up to `limit` characters), the cut marked."""
-    if len(outline) <= budget:
-        return outline
-    cut = outline.rfind(", ", 0, max(budget - 5, 0))
+def _first(entry: str, room: int, limit: int) -> str:
+    """The first entry of an outline, whole if it fits `room`, else cut after the last whole nested value
+    that does (`...` marks the cut), else clipped to `limit`."""
+    if len(entry) <= room:
+        return entry
+    cut = entry.rfind(", ", 0, room)
     if cut <= 0:
-        cut = outline.find(", ")
-        if cut <= 0 or cut > limit:
-            cut = outline.rfind(" ", 0, limit)
-            if cut <= 0:
-                return clip(outline, limit)
-    return outline[:cut] + ", ..."
+        cut = entry.find(", ")
+    return entry[:cut] + ", ..." if 0 < cut <= limit else clip(entry, limit)
+
+
+def _top_outline(value: Any, budget: int, limit: int) -> str:
+    """The outline of a JSON value within `budget` characters: a mapping's or a list's entries in order,
+    whole, as many as fit (at least the first, up to `limit` characters), and how many more there are
+    (`...+12`), so the count of what it leaves out at the top is exact; anything else as `_json_outline` writes it."""
+    if isinstance(value, dict) and value:
+        entries = ((f"{k if _BARE_KEY.match(k) else json.dumps(k, ensure_ascii=False)}: "
+                    f"{_json_outline(v, 1, 60)}") for k, v in value.items())
+        opening, closing = "{", "}"
+    elif isinstance(value, list) and len(value) > 1:
+        entries = (_json_outline(item, 1, 60) for item in value)
+        opening, closing = f"[{len(value)} items: ", "]"
+    else:
+        return clip(_json_outline(value, 0, 60), limit)
+    shown: list[str] = []
+    used = len(opening) + len(closing) + 8  # room for the count of what is left out
+    for entry in entries:
+        if shown and used + len(entry) + 2 > budget:
+            break
+        shown.append(entry if shown else _first(entry, max(budget - used, 0), limit))
+        used += len(shown[-1]) + 2
+    rest = len(value) - len(shown)
+    return opening + ", ".join(shown) + (f", ...+{rest}" if rest else "") + closing
 
 
 def json_excerpt(text: str, c: Compaction, salience: Salience = Salience(),
@@ -61,7 +82,7 @@ def json_excerpt(text: str, c: Compaction, salience: Salience = Salience(),
         value = json.loads(stripped)
     except ValueError:
         return None
-    shown = _fit(_json_outline(value, 0, 60), c.head_chars + c.tail_chars, c.max_line_chars)
+    shown = _top_outline(value, c.head_chars + c.tail_chars, c.max_line_chars)
     out = [Kept(0, shown, "outline")]
     # the values the outline does not show already
     leaves = [Line(0, f"{path}: {text}") for path, text in json_leaves(value) if text not in shown]

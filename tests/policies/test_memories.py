@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from typing import Any
 
 import pytest
 
-from policies.excerpts import Salience, terms_of
+from policies.excerpts import Kept, Salience, terms_of
 from policies.memories import ArtifactView, excerpt, render_memory
 from policies.policy import Compaction, PolicyError, ToolRule, policy_from_mapping
 
@@ -212,6 +214,8 @@ def assert_exact_elision(kept: list, originals: list[str]) -> None:
     blank) and a marker names exactly the lines between them that it leaves out."""
     expected = 1
     for k in kept:
+        if k.why in ("listing", "outline"):
+            continue  # a summary line of the extractor's own (a listing's count), no line of the artifact
         if k.why == "omitted":
             span = k.text.removeprefix("[").split(" omitted")[0].removeprefix("lines ").removeprefix("line ")
             first, _, last = span.partition("-")
@@ -252,7 +256,36 @@ def test_excerpts_are_faithful_ordered_and_bounded(text: str, c: Compaction, ter
             elif line:
                 break
         assert repeats == k.repeats  # folded repeats are that line again, blank lines aside
-    if not any(k.why == "listing" for k in kept):
+    if not any(k.why == "outline" for k in kept):
         assert_exact_elision(kept, originals)
     salient = [k for k in kept if k.why not in ("head", "tail", "omitted", "whole", "outline", "listing", "blank")]
     assert sum(len(k.text) + 8 for k in salient) <= max(c.salient_chars, 0) + 2 * (c.max_line_chars + 14)
+
+
+def test_a_listing_names_exactly_the_entries_it_leaves_out() -> None:
+    names = [f"src/module_{i:03d}.py" for i in range(120)]
+    names[40:40] = ["", ""]  # blank lines in a listing are lines too
+    kept = excerpt(view("\n".join(names)), RULE, Compaction(head_chars=60, tail_chars=40))
+    assert kept[0] == Kept(0, "listing of 120 entries (0 directories)", "listing")
+    assert [k.text for k in kept[1:]][-1] == f"[lines {kept[-2].number + 1}-122 omitted]"
+    assert_exact_elision(kept, "\n".join(names).split("\n"))
+
+
+_keys = st.text("abcdefghij_", min_size=1, max_size=10)
+_scalars = st.one_of(st.integers(-10**6, 10**6), st.text("abcxyz", min_size=1, max_size=20), st.booleans())
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.dictionaries(_keys, _scalars, min_size=1, max_size=40), st.lists(_scalars, min_size=2, max_size=40)),
+       budgets)
+def test_a_json_outline_counts_exactly_what_it_leaves_out_at_the_top(value: Any, c: Compaction) -> None:
+    text = json.dumps(value)
+    (outline,) = [k.text for k in excerpt(view(text), ToolRule(match=["*"], extractor="json"), c) if k.why == "outline"]
+    more = re.search(r", \.\.\.\+(\d+)[}\]]$", outline)
+    body = outline[:more.start()] if more else outline[:-1]
+    body = body.removeprefix("{") if isinstance(value, dict) else body.removeprefix(f"[{len(value)} items: ")
+    entries = body.split(", ")
+    assert len(entries) + (int(more.group(1)) if more else 0) == len(value)  # shown + counted = all of them
+    expected = [f"{k}: {json.dumps(v) if not isinstance(v, str) else v}" for k, v in value.items()] \
+        if isinstance(value, dict) else [json.dumps(v) if not isinstance(v, str) else v for v in value]
+    assert [e.split("...[+")[0] for e in entries] == [e[:len(s.split("...[+")[0])] for e, s in zip(expected, entries)]
