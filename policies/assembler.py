@@ -247,29 +247,43 @@ _ARTIFACT_ID = re.compile(r"\b(art_[0-9a-f]{%d,20})\b" % SHORT_REF_HEX)  # a ful
 
 def _rehydrate_named(state: Assembly, out: list[dict[str, Any]], decisions: dict[int, Decision],
                      sent_tokens: dict[int, int]) -> None:
-    """Artifacts the latest user message names by id go back in raw, when allowed and within bounds."""
+    """Artifacts the latest user message names by id go back in raw, when allowed and within bounds; so
+    do those a model had back whole through the rehydration tool on an earlier request (it needed more
+    than the memory: hiding it again would have it ask again, round after round), unless stale or
+    superseded since."""
     latest_user = next((m for m in reversed(state.messages) if m.get("role") == "user"), None)
-    if latest_user is None:
-        return
-    text = latest_user.get("content")
-    if isinstance(text, list):
-        text = " ".join(p.get("text", "") for p in text if isinstance(p, Mapping))
-    named = set(_ARTIFACT_ID.findall(text or ""))
-    if not named:
+    named: set[str] = set()
+    if latest_user is not None:
+        text = latest_user.get("content")
+        if isinstance(text, list):
+            text = " ".join(p.get("text", "") for p in text if isinstance(p, Mapping))
+        named = set(_ARTIFACT_ID.findall(text or ""))
+    back = state.records.rehydrated
+    if not named and not back:
         return
     bound = state.policy.rehydration
     for index, view in state.records.artifacts.items():
         decision = decisions.get(index)
-        if decision is None or not any(refers_to(ref, view.artifact_id) for ref in named):
+        if decision is None:
             continue
-        if decision.action not in ("compacted", "stale", "superseded") or not state.access(index).raw:
+        if any(refers_to(ref, view.artifact_id) for ref in named):
+            reason = "named_by_user"
+            if decision.action not in ("compacted", "stale", "superseded"):
+                continue
+        elif view.artifact_id in back:
+            reason = "rehydrated_before"
+            if decision.action != "compacted":
+                continue  # a stale or superseded one is marked as such: correctness first
+        else:
+            continue
+        if not state.access(index).raw:
             continue  # withheld stays withheld, a memory-only result stays a memory; verbatim is raw already
         if view.tokens > bound.max_tokens or len(view.content.encode("utf-8", "surrogatepass")) > bound.max_bytes:
             continue
         out[index] = {**out[index], "content": state.policy.redaction.redactor.redact_content(
             state.messages[index].get("content"))}
         sent_tokens.pop(index, None)
-        decisions[index] = Decision(index, "tool", "rehydrated", "named_by_user", view.artifact_id,
+        decisions[index] = Decision(index, "tool", "rehydrated", reason, view.artifact_id,
                                     state.tokens[index], state.tokens[index])
 
 

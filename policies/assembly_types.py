@@ -30,6 +30,7 @@ class Records:
     argument_refs: Mapping[tuple[int, str], str] = field(default_factory=dict)  # (index, call id) -> artifact id
     sibling_artifacts: int = 0  # artifacts of the same session off this path
     subagent_results: Mapping[str, str] = field(default_factory=dict)  # sha256 -> tool name, of child runs' results
+    rehydrated: frozenset[str] = frozenset()  # artifact ids a model had back whole through the rehydration tool
 
     def lineage(self) -> set[str]:
         """Every artifact id this request's path may name: its results and its calls' arguments."""

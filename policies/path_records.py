@@ -98,6 +98,7 @@ def records_for_path(
     owners: Mapping[str, str] | None = None,
     sibling_artifacts: int = 0,
     subagent_results: Mapping[str, str] | None = None,
+    rehydrated: frozenset[str] = frozenset(),
     encoding: str = DEFAULT_ENCODING,
 ) -> Records:
     observed_at, owners = observed_at or {}, owners or {}
@@ -141,7 +142,7 @@ def records_for_path(
     if path and (prefix is None or prefix.length < len(path)):
         _PREFIXES.put((path[-1].id, encoding), _Prefix(len(path), artifacts, argument_refs, calls))
     return Records(artifacts=dict(artifacts), argument_refs=dict(argument_refs), sibling_artifacts=sibling_artifacts,
-                   subagent_results=dict(subagent_results or {}))
+                   subagent_results=dict(subagent_results or {}), rehydrated=rehydrated)
 
 
 def _earlier_prefix(path: Sequence[PathNode], encoding: str) -> _Prefix | None:

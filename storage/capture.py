@@ -182,7 +182,7 @@ class Capture(PathReads, RunOutcomes):
                             written: _Written) -> IngestResult:
         conversation = written.conversation
         path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
-        observed, owners = self._artifact_facts(connection, path_artifacts)
+        observed, owners, rehydrated = self._artifact_facts(connection, path_artifacts)
         in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
             "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
         subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
@@ -198,6 +198,7 @@ class Capture(PathReads, RunOutcomes):
             path_artifact_ids=tuple(path_artifacts),
             observed_at=observed,
             owners=owners,
+            rehydrated=rehydrated,
             sibling_artifacts=max(0, int(in_conversation or 0) - len(path_artifacts)),
             subagent_results=subagent_results,
             previous_original_tokens=int(previous[0] or 0) if previous else 0,

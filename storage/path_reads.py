@@ -9,7 +9,7 @@ path's length.
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import orjson
@@ -35,7 +35,7 @@ def _any(name: str) -> Any:
 
 class _Statements(NamedTuple):
     known_nodes: Any  # (conversation, ids) -> (node id, the node's id again if the conversation uses it)
-    artifact_facts: Any  # (ids) -> (id, observed_at, owner_participant)
+    artifact_facts: Any  # (ids) -> (id, observed_at, owner_participant, whether a model had it back whole)
     previous_run: Any  # (leaves) -> the latest run that ended on one of them with tokens recorded
     runs_ending_at: Any  # (tenant, leaves) -> (leaf, run id), oldest first
     results_of_runs: Any  # (tenant, runs) -> (the sha256 of a result as sent, its tool's name)
@@ -46,7 +46,8 @@ _POSTGRESQL = _Statements(
     .select_from(_NODES.outerjoin(_MEMBERS, (_MEMBERS.c.node_id == _NODES.c.id)
                                   & (_MEMBERS.c.conversation_id == bindparam("conversation"))))
     .where(_NODES.c.id == _any("ids")),
-    artifact_facts=select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant)
+    artifact_facts=select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant,
+                          _ARTIFACTS.c.rehydrated_at.is_not(None))
     .where(_ARTIFACTS.c.id == _any("ids")),
     previous_run=select(_RUNS.c.tokens_original, _RUNS.c.leaf_node_id, _RUNS.c.id, _RUNS.c.conversation_id)
     .where(_RUNS.c.leaf_node_id == _any("leaves"), _RUNS.c.tokens_original.is_not(None))
@@ -64,7 +65,8 @@ _SQLITE = _Statements(
         " ON conversation_nodes.node_id = message_nodes.id AND conversation_nodes.conversation_id = :conversation"
         " WHERE message_nodes.id IN (SELECT value FROM json_each(:ids))"),
     artifact_facts=text(
-        "SELECT id, observed_at, owner_participant FROM tool_artifacts WHERE id IN (SELECT value FROM json_each(:ids))"),
+        "SELECT id, observed_at, owner_participant, rehydrated_at IS NOT NULL FROM tool_artifacts"
+        " WHERE id IN (SELECT value FROM json_each(:ids))"),
     previous_run=text(
         "SELECT tokens_original, leaf_node_id, id, conversation_id FROM model_runs"
         " WHERE leaf_node_id IN (SELECT value FROM json_each(:leaves)) AND tokens_original IS NOT NULL"
@@ -155,24 +157,38 @@ class PathReads(StoreBase):
 
     def _artifact_facts(
         self, connection: Connection, artifact_ids: list[str]
-    ) -> tuple[dict[str, float], dict[str, str]]:
-        """(when each artifact of `artifact_ids` was observed, in Unix seconds; who owns it)."""
+    ) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
+        """(when each artifact of `artifact_ids` was observed, in Unix seconds; who owns it; those a model
+        had back whole through the rehydration tool)."""
         observed: dict[str, float] = {}
         owners: dict[str, str] = {}
+        rehydrated: set[str] = set()
         if connection.dialect.name == "sqlite":
             # The rows fetched by the driver in one call: through SQLAlchemy's result, each of a
             # 1,000-message path's ~500 rows cost more than SQLite took to find it, and its DateTime
             # reads a regex per row. The same connection, so the same transaction.
             cursor = connection.connection.driver_connection.execute(  # type: ignore[union-attr]
                 _SQLITE.artifact_facts.text, {"ids": id_list(connection, artifact_ids)})
-            for artifact_id, moment, owner in cursor.fetchall():
+            for artifact_id, moment, owner, back in cursor.fetchall():
                 observed[artifact_id] = _sqlite_moment(moment)
                 owners[artifact_id] = owner
-            return observed, owners
-        for artifact_id, moment, owner in connection.execute(_POSTGRESQL.artifact_facts, {"ids": artifact_ids}):
+                if back:
+                    rehydrated.add(artifact_id)
+            return observed, owners, frozenset(rehydrated)
+        for artifact_id, moment, owner, back in connection.execute(_POSTGRESQL.artifact_facts, {"ids": artifact_ids}):
             observed[artifact_id] = as_utc(moment).timestamp()
             owners[artifact_id] = owner
-        return observed, owners
+            if back:
+                rehydrated.add(artifact_id)
+        return observed, owners, frozenset(rehydrated)
+
+    def mark_rehydrated(self, tenant: str, artifact_id: str) -> None:
+        """Note that a model had `artifact_id` back whole (the first time only): the conversation's later
+        requests forward it whole (policies/assembler.py `_rehydrate_named`)."""
+        with self._writing, self.engine.begin() as connection:
+            connection.execute(_ARTIFACTS.update().where(
+                _ARTIFACTS.c.id == artifact_id, _ARTIFACTS.c.tenant == tenant, _ARTIFACTS.c.rehydrated_at.is_(None),
+            ).values(rehydrated_at=datetime.fromtimestamp(self.clock(), timezone.utc)))
 
     @staticmethod
     def _previous_run(connection: Connection, leaves: list[str]) -> Any:

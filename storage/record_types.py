@@ -88,6 +88,7 @@ class IngestResult:
     previous_original_tokens: int  # the client's transcript tokens on the latest earlier run on this path
     previous_leaf_position: int | None = None  # where that run's transcript ended in this one
     previous_request_id: str | None = None  # that run
+    rehydrated: frozenset[str] = frozenset()  # artifacts of the path a model had back whole (rehydration tool)
 
 
 @dataclass(frozen=True)

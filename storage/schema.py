@@ -167,6 +167,8 @@ class ToolArtifact(Base):
     # replaced ({kind: count}).
     original_sha256: Mapped[str | None] = mapped_column(String(64))
     redacted_json: Mapped[str | None] = mapped_column(Text)
+    # When a model first had it back whole through the rehydration tool: later requests forward it whole.
+    rehydrated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 Index("ix_model_runs_tenant_started", ModelRun.tenant, ModelRun.started_at)

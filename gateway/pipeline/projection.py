@@ -46,6 +46,7 @@ def project(
         owners=ingest.owners,
         sibling_artifacts=ingest.sibling_artifacts,
         subagent_results=ingest.subagent_results,
+        rehydrated=ingest.rehydrated,
         encoding=encoding,
     )
     started = time.perf_counter()

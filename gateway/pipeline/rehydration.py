@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -37,6 +38,7 @@ from storage.encryption import EnvelopeError, UnknownKey
 from storage.record_types import ArtifactCorrupted
 from storage.records import RecordStore
 
+_log = logging.getLogger("gateway.rehydration")
 _ARTIFACT_ID = re.compile(r"^(?:art|args)_[0-9a-f]{1,64}$")
 MAX_ARTIFACTS = 8  # artifacts one call may ask for
 # Short: the declaration goes with every request of a conversation (bench/format_replay.py's cost against
@@ -260,7 +262,17 @@ class Rehydrator:
             given = self._lines(artifact_id, raw, *lines, max_bytes=max_bytes, max_tokens=max_tokens)
         if redacted and self.rehydrations[-1]["action"] == "rehydrated":
             self.rehydrations[-1]["redacted"] = dict(redacted)
+        if lines is None and view is not None and self.rehydrations[-1].get("reason") == "model_request":
+            self._remember_given(artifact_id)
         return given
+
+    def _remember_given(self, artifact_id: str) -> None:
+        """Note in the store that the model had this result back whole, so the conversation's later requests
+        forward it whole (policies/assembler.py `_rehydrate_named`). The answer does not wait on it failing."""
+        try:
+            self.store.mark_rehydrated(self.tenant, artifact_id)
+        except Exception:  # noqa: BLE001 - a lost note costs a rehydration later, never this answer
+            _log.warning("could not note artifact %s as rehydrated", artifact_id, exc_info=True)
 
     def _exists(self, artifact_id: str) -> bool:
         """Whether the tenant holds this artifact or call's arguments, readable now or not."""

@@ -450,3 +450,25 @@ def test_as_is_is_the_verbatim_decision_made_once(fresh_memos: None) -> None:
     assert again == first and again is not first
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.action = "compacted"  # type: ignore[misc]
+
+
+def test_a_result_the_model_had_back_is_forwarded_whole_from_then_on() -> None:
+    pol = policy(tools=[{"match": ["get_policy"], "supersede_on": "arguments.doc"}])
+    messages = conversation(3) + tool_round("p", "get_policy", BIG, doc="refunds")
+    messages += tool_round("q", "get_policy", BIG + " v2", doc="refunds") + tool_round("z", "bash", "ok", command="true")
+    path = message_path(TENANT, messages)
+    records = records_for_path(path, 1000.0)
+    ids = {index: view.artifact_id for index, view in records.artifacts.items()}
+    plain = assemble(pol, messages, records, 1000.0)
+    assert [plain.decisions[i].action for i in (3, 5, 7, 9)] == ["compacted", "compacted", "compacted", "superseded"]
+    back = dataclasses.replace(records, rehydrated=frozenset({ids[5], ids[9]}))
+    projection = assemble(pol, messages, back, 1000.0)
+    assert projection.messages[5] == messages[5]  # whole again, byte for byte
+    assert (projection.decisions[5].action, projection.decisions[5].reason) == ("rehydrated", "rehydrated_before")
+    assert projection.decisions[9].action == "superseded"  # an older observation never passes for current
+    assert projection.messages[3] == plain.messages[3] and projection.messages[7] == plain.messages[7]
+    assert projection.tokens_forwarded - plain.tokens_forwarded == \
+        projection.decisions[5].tokens_after - plain.decisions[5].tokens_after
+    bounded = policy(tools=[{"match": ["get_policy"], "supersede_on": "arguments.doc"}],
+                     rehydration={"max_tokens": 100})  # too big to go back whole: stays a memory
+    assert assemble(bounded, messages, back, 1000.0).decisions[5].action == "compacted"

@@ -68,14 +68,21 @@ def test_sqlites_json_reads_answer_as_the_generic_ones(tmp_path: Path) -> None:
     artifacts = [f"art_{node.id[:20]}" for node in path if node.message["role"] == "tool"] + ["art_missing"]
     leaves = [node.id for node in path]
     runs, nodes = ModelRun.__table__, ToolArtifact.__table__
+    store.mark_rehydrated("acme", artifacts[3])
+    store.mark_rehydrated("globex", artifacts[4])  # another tenant's mark reaches nothing of acme's
     with store.engine.connect() as connection:
         fast = store._artifact_facts(connection, artifacts)
-        generic: tuple[dict, dict] = ({}, {})
-        for artifact_id, moment, owner in connection.execute(
-                select(nodes.c.id, nodes.c.observed_at, nodes.c.owner_participant).where(nodes.c.id.in_(artifacts))):
+        assert fast[2] == {artifacts[3]}
+        generic: tuple[dict, dict, set] = ({}, {}, set())
+        for artifact_id, moment, owner, back in connection.execute(
+                select(nodes.c.id, nodes.c.observed_at, nodes.c.owner_participant, nodes.c.rehydrated_at)
+                .where(nodes.c.id.in_(artifacts))):
             generic[0][artifact_id] = as_utc(moment).timestamp()
             generic[1][artifact_id] = owner
-        assert fast == generic and len(fast[0]) == 30 and set(fast[1].values()) == {"p0", "p1", "p2"}
+            if back is not None:
+                generic[2].add(artifact_id)
+        assert fast == (generic[0], generic[1], frozenset(generic[2])) and len(fast[0]) == 30
+        assert set(fast[1].values()) == {"p0", "p1", "p2"}
         previous = connection.execute(
             select(runs.c.tokens_original, runs.c.leaf_node_id, runs.c.id, runs.c.conversation_id)
             .where(runs.c.leaf_node_id.in_(leaves), runs.c.tokens_original.is_not(None))

@@ -188,3 +188,18 @@ def test_short_references_resolve_within_the_tenant_and_only_when_unique(store: 
     other = short_ref(artifact_id_for(message_path("globex", TOOL_ROUND)[3].id))
     assert other != short and store.get_artifact(other, "acme") is None
     assert store.get_artifact(short, None).id == full
+
+
+def test_a_result_a_model_had_back_is_read_with_the_paths_facts(store: RecordStore) -> None:
+    """`mark_rehydrated` notes it once, for its tenant only; the next ingest of the path says so."""
+    path = message_path("acme", TOOL_ROUND)
+    first = store.ingest(path, _run("req_1"))
+    assert first.rehydrated == frozenset()
+    read, failed = artifact_id_for(path[3].id), artifact_id_for(path[4].id)
+    store.mark_rehydrated("globex", read)  # another tenant's note reaches nothing of acme's
+    assert store.ingest(path, _run("req_2")).rehydrated == frozenset()
+    store.mark_rehydrated("acme", read)
+    store.mark_rehydrated("acme", read)  # again: the first moment stays
+    again = store.ingest(path, _run("req_3"))
+    assert again.rehydrated == {read} and failed not in again.rehydrated
+    assert again.observed_at[read] == first.observed_at[read]

@@ -40,6 +40,7 @@ from testkit.reader_formats import FORMATS, FormatConversation, run_in
 KEY = "sk-limits"
 SMALL_KEY, SMALL_BYTES = "sk-small", 8000  # a tenant whose policy bounds rehydration to about 1.4 files
 OTHER_KEY = "sk-other"
+CODING_KEY = "sk-coding"  # a tenant under the coding-agent preset: one round kept whole, three hidden rounds
 MAX_ROUNDS = 3
 POLICY = {"name": "lossy-rehydrating", "version": 1,
           "compaction": {"keep_recent_rounds": 2, "trigger_tokens": 0, "clear_at_least_tokens": 0, "min_tokens": 0,
@@ -71,7 +72,8 @@ def gateway(reader_fake: FakeUpstream, tmp_path_factory: pytest.TempPathFactory)
                                                                               "max_bytes": SMALL_BYTES}}))
     tenants = [{"id": "limits", "api_keys": [KEY], "policy": "policy.yaml"},
                {"id": "small", "api_keys": [SMALL_KEY], "policy": "small.yaml"},
-               {"id": "other", "api_keys": [OTHER_KEY], "policy": "policy.yaml"}]
+               {"id": "other", "api_keys": [OTHER_KEY], "policy": "policy.yaml"},
+               {"id": "coding", "api_keys": [CODING_KEY], "policy": "coding-agent"}]
     settings = settings_for(fake.api_base, f"sqlite:///{tmp / 'gateway.db'}", tmp, models=models, tenants=tenants)
     running, server = start_gateway(settings, fake)
     try:
@@ -162,6 +164,41 @@ def test_five_memories_needed_end_in_the_right_answer(gateway: RunningGateway, f
         for record in limited:
             assert [(d["reason"], d["round"]) for d in limits_of(record)] == [("max_rounds", MAX_ROUNDS)]
             assert record["assembly"]["rehydrations"] == MAX_ROUNDS
+
+
+@pytest.mark.parametrize("all_at_once", [False, True], ids=["one-a-round", "all-at-once"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("form", list(FORMATS))
+def test_under_coding_agent_what_the_model_had_back_stays_whole(gateway: RunningGateway, form: str, stream: bool,
+                                                                 all_at_once: bool) -> None:
+    # coding-agent keeps only the latest round whole: a result the model reads again with its own tool past
+    # the bound is a memory on the next request. What it had back through the gateway is forwarded whole
+    # from then on, so the hidden rounds it has left go to what it still lacks, and it finishes.
+    gateway.fake.reset()
+    Reader(all_at_once=all_at_once).drive(gateway.fake.state)
+    label = f"coding-{form}-{'stream' if stream else 'json'}-{'all' if all_at_once else 'one'}"
+    workload = spread_workload(facts=5, plain=3, label=label)
+    conversation = run_in(form, gateway.url, workload, stream=stream, key=CODING_KEY, model=MODELS[form])
+
+    assert conversation.answer == workload.answer
+    assert not any(turn.empty for turn in conversation.turns)
+    views = upstream_views(gateway, form)
+    assert first_asked(views, list(workload.facts)) == {}  # five memories needed
+    with gateway.client(key=CODING_KEY) as http:
+        run_records = [http.get(f"/api/requests/{turn.request_id}").json() for turn in conversation.turns]
+    given = [d["artifact_id"] for r in run_records for d in r["assembly"]["decisions"]
+             if d["index"] is None and d["action"] == "rehydrated"]
+    assert len(given) == len(set(given))  # none had to be asked for twice
+    later = [d for r in run_records for d in r["assembly"]["decisions"] if d["reason"] == "rehydrated_before"]
+    if all_at_once:
+        assert len(given) >= 5 and conversation.reads == list(workload.files)
+    else:
+        # three, the bound; the model reads one file again itself; the next request has the three whole and
+        # the file read, and the model asks for the last: each fact back once, one way or the other
+        read_again = len(conversation.reads) - len(workload.files)
+        assert len(given) > 3 and len(given) + read_again == 5
+        assert {d["artifact_id"] for d in later} >= set(given[:3])
+        assert all(d["action"] == "rehydrated" for d in later)
 
 
 def rehydrate_call(number: int) -> dict[str, Any]:
