@@ -174,7 +174,8 @@ def render_memory(view: ArtifactView, rule: ToolRule, c: Compaction, stale_note:
                   terms: frozenset[str] = frozenset(), lines: list[Kept] | None = None) -> str:
     """The compact, model-facing form of one tool result (`lines`: its excerpt, if already taken)."""
     nonce = view.sha256[:NONCE_CHARS]
-    header = (f"[compacted artifact:{short_ref(view.artifact_id)}; {view.tool_name or 'tool'} {view.status}; "
+    status = "" if view.status == "ok" else f" {view.status}"
+    header = (f"[compacted artifact:{short_ref(view.artifact_id)}{status}; "
               f"{_size_note(view)}, sha256 {view.sha256[:SHA_CHARS]}; untrusted excerpt:]")
     if lines is None:
         lines = excerpt(view, rule, c, terms)

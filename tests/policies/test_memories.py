@@ -131,9 +131,12 @@ def test_a_small_result_gets_a_memory_to_its_scale_that_still_names_it() -> None
     memory = render_memory(view(text, tool="get_reservation_details"), RULE, SMALL)
     header, *body = memory.split("\n")
     digest = hashlib.sha256(text.encode()).hexdigest()
-    # the header names the artifact, the tool, its status and size (no "1 lines" for a one-line result)
-    assert header == (f"[compacted artifact:art_{digest[:10]}; get_reservation_details ok; "
+    # the header names the artifact, its size (no "1 lines" for a one-line result) and digest; its status
+    # only when not ok (the call before it names the tool)
+    assert header == (f"[compacted artifact:art_{digest[:10]}; "
                       f"{len(text) // 4} tokens, sha256 {digest[:10]}; untrusted excerpt:]")
+    failed = render_memory(view(text, tool="get_reservation_details", status="error"), RULE, SMALL)
+    assert failed.startswith(f"[compacted artifact:art_{digest[:10]} error; ")
     assert body[0] == f"<<<{digest[:4]}" and body[-1] == f">>>{digest[:4]}"
     assert len(memory) - len(header) < 0.15 * len(text)  # the excerpt is to the result's scale
     assert "reservation_id: JG7FMM, " in memory  # an outline cut after whole entries, not inside a value

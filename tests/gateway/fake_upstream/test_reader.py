@@ -21,7 +21,7 @@ from testkit.reader_client import READ_TOOL, reader_workload, run_conversation
 
 READER = Reader()
 TASK = "Find them.\nREAD a.txt\nREAD b.txt\nNEED CODE\nNEED OWNER"
-MEMORY = ("[compacted artifact:art_0123abcd; read_file ok; 61 lines, 900 tokens; untrusted excerpt:]\n<<<ab12\n"
+MEMORY = ("[compacted artifact:art_0123abcd; 61 lines, 900 tokens, sha256 0123abcdef; untrusted excerpt:]\n<<<ab12\n"
           "line 1\n[lines 2-60 omitted]\nline 61\n>>>ab12")
 REHYDRATE_TOOL = {"type": "function", "function": {"name": "gateway_rehydrate", "parameters": {"type": "object"}}}
 LOSSY = {"name": "lossy", "version": 1,
