@@ -30,10 +30,12 @@ _PROGRESS_HEADER = re.compile(r"^% Total\s+% Received|^Dload\s+Upload\s+Total") 
 
 
 # Boilerplate: lines any output of its kind opens or ends with, which say nothing of this one: a page's
-# doctype and bare structural tags, a shell's prompt and the agent harness's prompt lines (SWE-agent's open
-# file and directory), terminal control sequences, an output wrapper's bare tags.
+# doctype (its public identifier and DTD on lines of their own too) and bare structural tags, a shell's
+# prompt and the agent harness's prompt lines (SWE-agent's open file and directory), terminal control
+# sequences, an output wrapper's bare tags.
 _BOILERPLATE = re.compile(
     r"^(?:<!doctype\b[^>]*>?|</?(?:html|head|body|meta|link|title|script|style|output)\b[^>]*>"
+    r"|PUBLIC\s+\"-//[^\"]*\"(?:\s+\"[^\"]*\")?\s*>?|\"https?://www\.w3\.org/[^\"]*\"\s*>?|/?>"
     r"|\S*(?:bash|sh|zsh)-?[\d.]*\$|[\w.\-]+@[\w.\-]+:\S*\s*[$#]"
     r"|\((?:open file|current directory): [^)]*\)|(?:\x1b\[[0-9;?]*[A-Za-z])+)\s*$",
     re.IGNORECASE)

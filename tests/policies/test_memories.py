@@ -194,6 +194,11 @@ def test_boilerplate_never_fills_an_excerpt_when_a_distinctive_line_fits() -> No
     shown = [k for k in kept if k.why != "omitted"]
     assert shown[0].text.startswith("Traceback") and shown[-1].text == "ValueError: bad input"
     assert kept[-1].text == f"[lines {shown[-1].number + 1}-{shown[-1].number + 3} omitted]"
+    page = ('<!DOCTYPE html\n\tPUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN"\n'
+            '\t"http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd"\n>\n<html xmlns="http://www.w3.org/1999/xhtml">\n'
+            + "\n".join(filler(1, 20)) + "\nYou are 123 years old.</body></html>")
+    kept = excerpt(view(page), RULE, Compaction(head_chars=40, tail_chars=30, salient_chars=0))
+    assert kept[0].text == "[lines 1-5 omitted]" and kept[1].number == 6  # a doctype over several lines too
     only = "<html>\n<body>\n</body>\n</html>"  # nothing but boilerplate: kept as it is
     assert [k.text for k in excerpt(view(only), RULE, Compaction(head_chars=10, tail_chars=10))][0] == "<html>"
 
