@@ -40,6 +40,7 @@ _NAMED_TERMS = BoundedCache(256)
 # What the conversation named of one result (`Assembly.salience_terms`): its terms, those a user turn
 # asked about, and the quoted terms and paths a user turn named that it holds.
 Named = tuple[frozenset[str], frozenset[str], frozenset[str]]
+_PHRASES_BOUND = 256  # quoted terms and paths remembered per conversation (each is looked for in every result)
 _NOTHING_NAMED: Named = (frozenset(), frozenset(), frozenset())
 # What a client adds to a user turn of its own accord (Claude Code's reminders of files and todos) asks nothing.
 _REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|$)", re.S)
@@ -197,7 +198,8 @@ class Assembly(EpochReplay):
                     str(part.get("text") or "") for part in content if isinstance(part, Mapping))
                     if isinstance(content, list) else "")
                 for phrase in phrases_of(text):
-                    phrases.setdefault(phrase, position)
+                    if len(phrases) < _PHRASES_BOUND:
+                        phrases.setdefault(phrase, position)
                 for term in terms_of(text):
                     asked.setdefault(term, position)
                     terms.setdefault(term, position)

@@ -114,19 +114,28 @@ _QUOTED = re.compile(r"\"([^\"\n]{3,60})\"|(?<![\w'])'([^'\n]{3,60})'(?![\w'])|`
 _USER_PATH = re.compile(r"(?<![\w/.:-])(?:~|\.{1,2})?/?(?:[\w.-]+/)+[\w.-]*\w")
 
 
-def phrases_of(text: str) -> frozenset[str]:
+PHRASES_PER_TEXT = 16  # a text naming more (a pasted listing) names nothing in particular past these
+
+
+def phrases_of(text: str) -> tuple[str, ...]:
     """What a user's words name that `terms_of` does not: quoted terms (straight, typographic or code
-    quotes) and paths with a directory (`src/app.py`, `/var/log/ship.log`), casefolded. URLs are not
-    paths here, and a bare directory of one part (`/testbed`) names too much to single a line out."""
-    out = set()
-    for groups in _QUOTED.findall(text):
-        quoted = next(g for g in groups if g).strip()
+    quotes), then paths with a directory (`src/app.py`, `/var/log/ship.log`), casefolded, in order, each
+    once, at most `PHRASES_PER_TEXT`. URLs are not paths here, and a bare directory of one part
+    (`/testbed`) names too much to single a line out."""
+    out: dict[str, None] = {}
+    for match in _QUOTED.finditer(text):
+        if len(out) >= PHRASES_PER_TEXT:
+            return tuple(out)
+        quoted = next(g for g in match.groups() if g).strip()
         if len(quoted) >= 3:
-            out.add(quoted.casefold())
-    for path in _USER_PATH.findall(text):
+            out.setdefault(quoted.casefold())
+    for match in _USER_PATH.finditer(text):
+        if len(out) >= PHRASES_PER_TEXT:
+            break
+        path = match.group(0)
         if path.strip("/").count("/") >= 1 and not path.startswith("//"):
-            out.add(path.casefold())
-    return frozenset(out)
+            out.setdefault(path.casefold())
+    return tuple(out)
 
 
 @dataclass(frozen=True)

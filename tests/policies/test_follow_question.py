@@ -111,8 +111,10 @@ def test_quoted_terms_and_paths_are_asked_about_too() -> None:
     assert f"L{ASKED_ROW + 1}: " in quoted and "BLUE HARBOR FOODS" in quoted
     path = log_memory(messages + [ask("Which shipment has /srv/manifests/w45/lyon-0412.pdf?")], preset("coding-agent"))
     assert "L61: " in path and "lyon-0412.pdf" in path
-    assert phrases_of("see `make test`, 'Blue Harbor', “Nord Sud”, src/app.py, https://x.io/a/b, /testbed") == {
-        "make test", "blue harbor", "nord sud", "src/app.py"}
+    assert phrases_of("see `make test`, 'Blue Harbor', “Nord Sud”, src/app.py, https://x.io/a/b, /testbed") == (
+        "make test", "blue harbor", "nord sud", "src/app.py")
+    many = " ".join(f"dir/file{i}.py" for i in range(1000))  # a pasted listing: a bounded few, in order
+    assert phrases_of(many) == tuple(f"dir/file{i}.py" for i in range(16))
 
 
 def test_the_policy_can_turn_it_off() -> None:
