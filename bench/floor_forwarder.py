@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
 
 import httpx
 from starlette.applications import Starlette
