@@ -1,4 +1,4 @@
-"""Added latency, throughput, startup and memory: this gateway against LiteLLM Proxy, in one run.
+"""Added latency, throughput, startup and memory: this gateway against the floor and LiteLLM Proxy, in one run.
 
     .venv/bin/python bench/proxy_compare.py --quick                  # smoke run, ~1 min
     .venv/bin/python bench/proxy_compare.py --litellm-proxy          # the comparison, ~10 min
@@ -8,11 +8,15 @@ Every server is its own process on its own port on 127.0.0.1, against the
 constant-time upstream of bench/constant_upstream.py (which answers at once,
 so whatever a proxy adds is the proxy):
   direct                        the upstream itself: the baseline (its row is the noise floor);
+  floor                         bench/floor_forwarder.py, a bare forwarder (Starlette under uvicorn, one pooled
+                                keep-alive httpx client, the body passed on unparsed): the least a Python proxy
+                                in front of the upstream adds on this machine, the limit of every figure; in
+                                every run, whatever --targets says;
   litellm-proxy                 LiteLLM Proxy 1.108.7 (--litellm-proxy), no database, a master key,
                                 from its own venv at bench/.litellm-proxy-venv (pip-installed if missing);
   gateway-<policy>-<storage>    `gateway serve`, policies passthrough and coding-agent, on a fresh
                                 SQLite file, and on a fresh PostgreSQL schema with --postgres URL.
-Each gateway and proxy gets a fresh process (and database) per transcript, one worker unless --workers N.
+Each gateway, proxy and floor gets a fresh process (and database) per transcript, one worker unless --workers N.
 
 Transcripts (each request carries the whole of it, as agents send it, `model: fake`):
 synthetic coding-agent sessions of 100 and 1,000 messages (read_file, grep,
@@ -35,8 +39,10 @@ Per target and transcript:
   startup    spawn until the first successful chat completion;
   RSS        VmRSS of the process and its children after the load.
 The load generator runs in this process, on the same CPUs as the servers.
-Prints one table and, with LiteLLM Proxy, the gateway (coding-agent, SQLite)
-against it; writes every figure to --json (default bench/results/proxy_compare.json).
+Prints one table, the gateway (coding-agent, on SQLite and on PostgreSQL) against the
+floor (added latency and requests/s, as ratios: how far from the limit) and, with
+LiteLLM Proxy, the gateway (coding-agent, SQLite) against it; writes every figure to
+--json (default bench/results/proxy_compare.json).
 """
 from __future__ import annotations
 
@@ -143,8 +149,8 @@ class Server:
             return "(no log)"
 
     def rss_mb(self) -> float:
-        """VmRSS of the process and all its descendants."""
-        if self.process is None:
+        """VmRSS of the process and all its descendants; NaN once it has exited (not a 0 that reads as a figure)."""
+        if self.process is None or self.process.poll() is not None:
             return math.nan
         children: dict[int, list[int]] = {}
         for entry in Path("/proc").iterdir():
@@ -170,6 +176,15 @@ def upstream_server(folder: Path) -> Server:
     port = free_port()
     return Server("direct", [sys.executable, str(BENCH / "constant_upstream.py"), "--port", str(port)],
                   port, UPSTREAM_KEY, folder / "upstream.log")
+
+
+@contextmanager
+def floor_server(upstream: Server, workers: int, folder: Path) -> Iterator[Server]:
+    """bench/floor_forwarder.py in front of the upstream, with the gateway's worker count."""
+    port = free_port()
+    command = [sys.executable, str(BENCH / "floor_forwarder.py"), "--upstream", upstream.api_base,
+               "--port", str(port), "--workers", str(workers)]
+    yield Server("floor", command, port, TENANT_KEY, folder / "floor.log")
 
 
 def gateway_accepts_workers() -> bool:
@@ -255,10 +270,12 @@ class TargetSpec:
     open: Callable[[Path], ContextManager[Server]]
     startup_timeout: float = 120.0
     shared: bool = False  # the upstream itself: already running, not restarted per row
+    always: bool = False  # a row of every run, whatever --targets says (the baseline, the floor)
 
 
 def target_specs(args: argparse.Namespace, upstream: Server, notes: list[str]) -> list[TargetSpec]:
-    specs = [TargetSpec("direct", lambda folder: nullcontext(upstream), shared=True)]
+    """direct and the floor, LiteLLM Proxy with --litellm-proxy, the gateway per storage and policy."""
+    specs = [TargetSpec("direct", lambda folder: nullcontext(upstream), shared=True, always=True)]
     if args.litellm_proxy:
         failure = install_litellm_proxy()
         if failure:
@@ -274,6 +291,7 @@ def target_specs(args: argparse.Namespace, upstream: Server, notes: list[str]) -
         notes.append(f"`gateway serve --help` lists no --workers: the gateway ran with 1 worker, not {args.workers}")
         print(notes[-1], flush=True)
         gateway_workers = 1
+    specs.insert(1, TargetSpec("floor", lambda folder: floor_server(upstream, gateway_workers, folder), always=True))
     storages: list[tuple[str, str | None]] = [("sqlite", None)] + ([("postgres", args.postgres)] if args.postgres else [])
     for storage, url in storages:
         for policy in ("passthrough", "coding-agent"):
@@ -478,9 +496,10 @@ def measure_transcript(specs: list[TargetSpec], upstream: Server, transcript: Tr
         loads, failed = interleaved_loads(servers, transcript, rounds, args)
         for name, figures in loads.items():
             rows[name]["load"] = figures
-            rows[name]["rss_mb"] = servers[name].rss_mb()
         for name, why in failed.items():
             rows[name]["failed"] = why
+        for name, server in servers.items():  # every target that was loaded, a failed load included
+            rows[name]["rss_mb"] = server.rss_mb()
         print(f"{time.monotonic() - started:.0f} s", flush=True)
     for row in rows.values():
         row["errors"] = (row.get("sequential", {}).get("errors", 0)
@@ -536,9 +555,20 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                   f"{added['median_new_round']:.2f}")
 
 
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN where the denominator is not above 0 (an added latency within the
+    noise can be negative: no ratio then) or not a number."""
+    return numerator / denominator if denominator > 0 else math.nan
+
+
+def measured(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The rows with both the sequential pairs and the loads, by (transcript, target)."""
+    return {(row["transcript"], row["target"]): row for row in rows if "sequential" in row and "load" in row}
+
+
 def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per transcript: the gateway (coding-agent, SQLite) over LiteLLM Proxy."""
-    found = {(row["transcript"], row["target"]): row for row in rows if "sequential" in row and "load" in row}
+    found = measured(rows)
     out = []
     for transcript in dict.fromkeys(row["transcript"] for row in rows):
         gateway, litellm = found.get((transcript, "gateway-coding-agent-sqlite")), found.get((transcript, "litellm-proxy"))
@@ -547,12 +577,48 @@ def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         g20, l20 = gateway["load"]["20"], litellm["load"]["20"]
         g_added, l_added = gateway["sequential"]["added_ms"]["median"], litellm["sequential"]["added_ms"]["median"]
         out.append({"transcript": transcript, "added_median_ms": {"gateway": g_added, "litellm": l_added},
-                    "added_median_ratio": g_added / l_added if l_added > 0 else math.nan,
+                    "added_median_ratio": ratio(g_added, l_added),
                     "rps20": {"gateway": g20["rps"], "litellm": l20["rps"]},
-                    "rps20_ratio": g20["rps"] / l20["rps"] if l20["rps"] else math.nan,
+                    "rps20_ratio": ratio(g20["rps"], l20["rps"]),
                     "p95_20_ms": {"gateway": g20["p95_ms"], "litellm": l20["p95_ms"]},
-                    "p95_20_ratio": g20["p95_ms"] / l20["p95_ms"] if l20["p95_ms"] else math.nan})
+                    "p95_20_ratio": ratio(g20["p95_ms"], l20["p95_ms"])})
     return out
+
+
+def floor_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per transcript and storage: the gateway (coding-agent) against the floor. The added-latency ratio
+    is how many times the floor's added median the gateway adds; the requests/s ratio, at 20 and at 50
+    clients, the share of the floor's throughput the gateway keeps (1.0 would be the limit)."""
+    found = measured(rows)
+    out = []
+    for transcript in dict.fromkeys(row["transcript"] for row in rows):
+        floor = found.get((transcript, "floor"))
+        for storage in ("sqlite", "postgres"):
+            gateway = found.get((transcript, f"gateway-coding-agent-{storage}"))
+            if not gateway or not floor:
+                continue
+            g_added, f_added = gateway["sequential"]["added_ms"]["median"], floor["sequential"]["added_ms"]["median"]
+            comparison = {"transcript": transcript, "gateway": gateway["target"],
+                          "added_median_ms": {"gateway": g_added, "floor": f_added},
+                          "added_median_ratio": ratio(g_added, f_added)}
+            for clients in CONCURRENCY:
+                g_rps = gateway["load"].get(str(clients), {}).get("rps", math.nan)
+                f_rps = floor["load"].get(str(clients), {}).get("rps", math.nan)
+                comparison[f"rps{clients}"] = {"gateway": g_rps, "floor": f_rps}
+                comparison[f"rps{clients}_ratio"] = ratio(g_rps, f_rps)
+            out.append(comparison)
+    return out
+
+
+def print_floor_comparisons(found: list[dict[str, Any]]) -> None:
+    if not found:
+        return
+    print("\ngateway (coding-agent) vs the floor: added median gateway / floor; rps@N gateway / floor")
+    for c in found:
+        rps = ";  ".join(f"rps@{n} {c[f'rps{n}']['gateway']:.1f} / {c[f'rps{n}']['floor']:.1f} = "
+                         f"{c[f'rps{n}_ratio']:.2f}x" for n in CONCURRENCY)
+        print(f"  {c['transcript']:<15} {c['gateway']:<29} added median {c['added_median_ms']['gateway']:.2f} / "
+              f"{c['added_median_ms']['floor']:.2f} ms = {c['added_median_ratio']:.1f}x;  {rps}")
 
 
 def print_comparisons(found: list[dict[str, Any]]) -> None:
@@ -608,7 +674,8 @@ def main() -> None:
     parser.add_argument("--transcripts", nargs="+", metavar="NAME",
                         help="synthetic-100, synthetic-1000 and/or trace-99 (default all; --quick synthetic-100)")
     parser.add_argument("--targets", nargs="+", metavar="NAME",
-                        help="only these rows besides `direct` (e.g. gateway-coding-agent-sqlite litellm-proxy)")
+                        help="only these rows besides `direct` and `floor` (e.g. gateway-coding-agent-sqlite "
+                             "litellm-proxy)")
     parser.add_argument("--stream", action="store_true", help="send `stream: true` and time to the last byte")
     parser.add_argument("--seed", type=int, default=7, help="of the synthetic transcripts (default 7)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short loads, one transcript")
@@ -641,13 +708,15 @@ def main() -> None:
         try:
             upstream.start(30)
             specs = [spec for spec in target_specs(args, upstream, notes)
-                     if spec.shared or not args.targets or spec.name in args.targets]
+                     if spec.always or not args.targets or spec.name in args.targets]
             for transcript in transcripts:
                 rows += measure_transcript(specs, upstream, transcript, rounds, args)
         finally:
             upstream.stop()
 
     print_table(rows)
+    against_floor = floor_comparisons(rows)
+    print_floor_comparisons(against_floor)
     found = comparisons(rows)
     print_comparisons(found)
     for note in notes:
@@ -656,7 +725,7 @@ def main() -> None:
     report = {"command": command, "machine": info, "options": {k: str(v) if isinstance(v, Path) else v
                                                                for k, v in vars(args).items()},
               "litellm_proxy_version": LITELLM_VERSION if any(r["target"] == "litellm-proxy" for r in rows) else None,
-              "rows": rows, "gateway_vs_litellm": found, "notes": notes}
+              "rows": rows, "gateway_vs_floor": against_floor, "gateway_vs_litellm": found, "notes": notes}
     args.json.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False) + "\n")
     print(f"\nwrote {args.json}")
 
