@@ -7,8 +7,9 @@ client is testkit/reader_formats.py, in Chat Completions, Responses, Anthropic M
 Anthropic deployment, so the tool is added mid-conversation) and Gemini. The files hold one fact each in
 the middle of plain lines, which the policy's memories lose; three plain files follow, so that when the
 model first answers every fact is behind a memory. One a round, the model rehydrates three, is told that
-was the last, gets no gateway tool on the next upstream request, and reads again what it still needs with
-its own tool (the policy keeps the latest two rounds whole); all at once, it rehydrates them in one call.
+was the last, gets no gateway tool on the next upstream request, and reads the fourth again with its own
+tool; the client's next request has the three it had back forwarded whole, and the model asks the gateway
+for the fifth. All at once, it rehydrates them in one call. Under coding-agent (one round kept whole) too.
 A model that calls the gateway's tool past the bound anyway gets its own words to the client, or the
 gateway's text when it said nothing. Then the several-artifacts answer itself: fences, refusals, bounds.
 """
@@ -125,23 +126,32 @@ def limits_of(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in record["assembly"]["decisions"] if d["action"] == "rehydration_limit"]
 
 
+def five_needed(gateway: RunningGateway, form: str, stream: bool, all_at_once: bool,
+                key: str) -> tuple[Any, FormatConversation, list[Any]]:
+    """The reader's five-fact task in `form` for the tenant of `key`: it ends in the right answer, never with
+    an empty turn, and five memories were needed (no fact visible when the model first asked). Returns the
+    workload, the conversation and every upstream request as the reader saw it."""
+    gateway.fake.reset()
+    Reader(all_at_once=all_at_once).drive(gateway.fake.state)
+    label = f"{'coding' if key == CODING_KEY else 'lossy'}-{form}-{'stream' if stream else 'json'}-" \
+            f"{'all' if all_at_once else 'one'}"
+    workload = spread_workload(facts=5, plain=3, label=label)
+    conversation = run_in(form, gateway.url, workload, stream=stream, key=key, model=MODELS[form])
+    assert conversation.answer == workload.answer
+    assert not any(turn.empty for turn in conversation.turns)  # never an empty turn
+    views = upstream_views(gateway, form)
+    assert first_asked(views, list(workload.facts)) == {}  # five memories needed
+    return workload, conversation, views
+
+
 @pytest.mark.parametrize("all_at_once", [False, True], ids=["one-a-round", "all-at-once"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("form", list(FORMATS))
 def test_five_memories_needed_end_in_the_right_answer(gateway: RunningGateway, form: str, stream: bool,
                                                       all_at_once: bool) -> None:
-    gateway.fake.reset()
-    Reader(all_at_once=all_at_once).drive(gateway.fake.state)
-    label = f"{form}-{'stream' if stream else 'json'}-{'all' if all_at_once else 'one'}"
-    workload = spread_workload(facts=5, plain=3, label=label)
-    conversation = run_in(form, gateway.url, workload, stream=stream, key=KEY, model=MODELS[form])
-
-    assert conversation.answer == workload.answer
-    assert not any(turn.empty for turn in conversation.turns)  # never an empty turn
+    workload, conversation, views = five_needed(gateway, form, stream, all_at_once, KEY)
     files = list(workload.files)
-    views = upstream_views(gateway, form)
     hidden = [trailing_rehydrations(seen) for seen in views]
-    assert first_asked(views, list(workload.facts)) == {}  # five memories needed
     for seen, rounds in zip(views, hidden):  # the gateway's tool, offered until the bound is reached ...
         # ... from the first request on, or on Anthropic from the first memory on (added mid-conversation)
         memory = any(isinstance(e, Result) and "artifact:art_" in e.text for e in seen.events)
@@ -158,12 +168,16 @@ def test_five_memories_needed_end_in_the_right_answer(gateway: RunningGateway, f
         given = [d for d in last if d["action"] == "rehydrated"]
         assert len(given) >= 5 and {d["round"] for d in given} == {1}  # every memory, in one call
     else:
-        # Three back through the gateway, then the model reads again, with its own tool, what it still needs
-        assert conversation.reads == [*files, files[3], files[4]]
-        assert max(hidden) == MAX_ROUNDS and len(limited) == 3  # every answering request reached the bound
-        for record in limited:
-            assert [(d["reason"], d["round"]) for d in limits_of(record)] == [("max_rounds", MAX_ROUNDS)]
-            assert record["assembly"]["rehydrations"] == MAX_ROUNDS
+        # Three back through the gateway, the bound; then the model reads the fourth again with its own tool;
+        # the next request forwards the three it had back whole, and it asks the gateway for the last one
+        assert conversation.reads == [*files, files[3]]
+        assert max(hidden) == MAX_ROUNDS and len(limited) == 1
+        (record,) = limited
+        assert [(d["reason"], d["round"]) for d in limits_of(record)] == [("max_rounds", MAX_ROUNDS)]
+        assert record["assembly"]["rehydrations"] == MAX_ROUNDS
+        last = run_records[-1]["assembly"]["decisions"]
+        assert sum(d["reason"] == "rehydrated_before" for d in last) == 3
+        assert [d["round"] for d in last if d["index"] is None and d["action"] == "rehydrated"] == [1]
 
 
 @pytest.mark.parametrize("all_at_once", [False, True], ids=["one-a-round", "all-at-once"])
@@ -174,16 +188,7 @@ def test_under_coding_agent_what_the_model_had_back_stays_whole(gateway: Running
     # coding-agent keeps only the latest round whole: a result the model reads again with its own tool past
     # the bound is a memory on the next request. What it had back through the gateway is forwarded whole
     # from then on, so the hidden rounds it has left go to what it still lacks, and it finishes.
-    gateway.fake.reset()
-    Reader(all_at_once=all_at_once).drive(gateway.fake.state)
-    label = f"coding-{form}-{'stream' if stream else 'json'}-{'all' if all_at_once else 'one'}"
-    workload = spread_workload(facts=5, plain=3, label=label)
-    conversation = run_in(form, gateway.url, workload, stream=stream, key=CODING_KEY, model=MODELS[form])
-
-    assert conversation.answer == workload.answer
-    assert not any(turn.empty for turn in conversation.turns)
-    views = upstream_views(gateway, form)
-    assert first_asked(views, list(workload.facts)) == {}  # five memories needed
+    workload, conversation, views = five_needed(gateway, form, stream, all_at_once, CODING_KEY)
     with gateway.client(key=CODING_KEY) as http:
         run_records = [http.get(f"/api/requests/{turn.request_id}").json() for turn in conversation.turns]
     given = [d["artifact_id"] for r in run_records for d in r["assembly"]["decisions"]
