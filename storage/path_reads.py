@@ -33,6 +33,9 @@ def _any(name: str) -> Any:
     return any_(bindparam(name, type_=ARRAY(String)))
 
 
+PREVIOUS_RUN_WINDOW = 64  # the leaves of a path where its previous run is looked for first (`_previous_run`)
+
+
 class _Statements(NamedTuple):
     known_nodes: Any  # (conversation, ids) -> (node id, the node's id again if the conversation uses it)
     artifact_facts: Any  # (ids) -> (id, observed_at, owner_participant, whether a model had it back whole)
@@ -193,9 +196,16 @@ class PathReads(StoreBase):
     @staticmethod
     def _previous_run(connection: Connection, leaves: list[str]) -> Any:
         """(tokens_original, leaf, id, conversation) of the latest run that ended on one of `leaves`
-        with its tokens recorded (a finished run), or None."""
-        return connection.execute(statements(connection).previous_run,
-                                  {"leaves": id_list(connection, leaves)}).first()
+        with its tokens recorded (a finished run), or None. Looked for among the last
+        `PREVIOUS_RUN_WINDOW` leaves first, where an agent's previous request ended (an agent adds a
+        round or two per request), so the lookup does not grow with the conversation; among them all
+        only when none ended there (a conversation's first request here, a resend of an old prefix)."""
+        statement = statements(connection).previous_run
+        recent = leaves[-PREVIOUS_RUN_WINDOW:]
+        found = connection.execute(statement, {"leaves": id_list(connection, recent)}).first()
+        if found is None and len(recent) < len(leaves):
+            found = connection.execute(statement, {"leaves": id_list(connection, leaves)}).first()
+        return found
 
     @staticmethod
     def _runs_ending_at(connection: Connection, tenant: str, leaves: Iterable[str]) -> Mapping[str, str]:

@@ -85,3 +85,27 @@ def test_calls_are_tied_to_the_runs_that_made_them_in_one_capture(tmp_path: Path
     # c2 follows c1's result, where no request ended (the client sent two rounds at once)
     assert calls == {"c0": f"req_{1:032x}", "c1": f"req_{2:032x}", "c2": None}
     store.engine.dispose()
+
+
+def test_the_previous_run_is_looked_for_near_the_end_first_and_found_anywhere(store: RecordStore) -> None:
+    """`_previous_run` reads the path's last PREVIOUS_RUN_WINDOW leaves, and the whole path only when no
+    finished run ended there: the same run the whole path's lookup finds, in either case."""
+    from storage.path_reads import PREVIOUS_RUN_WINDOW
+
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    store.ingest(message_path("acme", messages), _run(0))
+    store.finish_run(f"req_{0:032x}", RunOutcome(status="ok", latency_ms=1.0, tokens_original=7))
+    for n in range(1, PREVIOUS_RUN_WINDOW):  # a long resumed transcript: no run ended since the first
+        messages += _round(n)
+    ids = [node.id for node in message_path("acme", messages)]
+    assert len(ids) > PREVIOUS_RUN_WINDOW
+    with store.engine.connect() as connection:
+        far = store._previous_run(connection, ids)  # only the whole path has it
+        assert far is not None and far.id == f"req_{0:032x}" and far.leaf_node_id == ids[1]
+    store.ingest(message_path("acme", messages), _run(1))
+    store.finish_run(f"req_{1:032x}", RunOutcome(status="ok", latency_ms=1.0, tokens_original=9))
+    messages += _round(PREVIOUS_RUN_WINDOW)
+    ids = [node.id for node in message_path("acme", messages)]
+    with store.engine.connect() as connection:
+        near = store._previous_run(connection, ids)
+        assert near is not None and near.id == f"req_{1:032x}" and near.leaf_node_id == ids[-3]
