@@ -258,7 +258,7 @@ def test_long_conversation_is_compacted_upstream_but_whole_in_langchain(coding_g
     forwarded = {m["tool_call_id"]: m["content"] for m in gateway.fake.last_body()["messages"] if m["role"] == "tool"}
     assert list(forwarded) == [f"call_{i}" for i in range(len(PATHS))]
     first = forwarded["call_0"]
-    assert first.startswith("[compacted artifact:art_") and "read_file ok" in first.split("\n", 1)[0]
+    assert first.startswith("[compacted artifact:art_") and " lines, " in first.split("\n", 1)[0]
     assert len(first) < len(file_content(PATHS[0])) / 2
     assert forwarded[f"call_{len(PATHS) - 1}"] == file_content(PATHS[-1])
 
