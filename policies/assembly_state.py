@@ -8,7 +8,6 @@ policies/assembler.py makes one per request and decides from it; the epoch repla
 """
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
@@ -23,7 +22,7 @@ from policies.result_facts import loose_digest, short_values, shown_revision
 from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
 from policies.supersession import later_results
 from policies.tokens import count_text, message_tokens
-from policies.transcript import short_ref
+from policies.transcript import short_ref, user_words
 from policies.visibility import Access, access
 
 _RENDERED = BoundedCache(8192)  # memories: rendering is a pure function of the key (which holds no result text)
@@ -42,8 +41,6 @@ _NAMED_TERMS = BoundedCache(256)
 Named = tuple[frozenset[str], frozenset[str], frozenset[str]]
 _PHRASES_BOUND = 256  # quoted terms and paths remembered per conversation (each is looked for in every result)
 _NOTHING_NAMED: Named = (frozenset(), frozenset(), frozenset())
-# What a client adds to a user turn of its own accord (Claude Code's reminders of files and todos) asks nothing.
-_REMINDER = re.compile(r"<system-reminder>.*?(?:</system-reminder>|$)", re.S)
 
 
 # What `Assembly._index_duplicates` found for a request (length, views, duplicates and the outputs
@@ -193,10 +190,7 @@ class Assembly(EpochReplay):
         for position in range(start, len(self.messages)):
             message = self.messages[position]
             if message.get("role") == "user":
-                content = message.get("content")
-                text = _REMINDER.sub(" ", content if isinstance(content, str) else " ".join(
-                    str(part.get("text") or "") for part in content if isinstance(part, Mapping))
-                    if isinstance(content, list) else "")
+                text = user_words(message)
                 for phrase in phrases_of(text):
                     if len(phrases) < _PHRASES_BOUND:
                         phrases.setdefault(phrase, position)

@@ -130,6 +130,11 @@ def _own_words(parts: list[str]) -> list[str]:
     return [p for p in parts if p.strip() and not _CONTEXT_BLOCK.fullmatch(p)]
 
 
+def user_words(message: Mapping[str, Any]) -> str:
+    """What a user turn's own text parts say, without the tagged context blocks an agent adds."""
+    return " ".join(_own_words(_text_parts(message)))
+
+
 def user_text(message: Mapping[str, Any]) -> str:
     """What a user message says, whitespace folded: its text parts, without the blocks of tagged context
     an agent adds to it, unless that is all it holds."""
