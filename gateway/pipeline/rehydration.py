@@ -24,7 +24,8 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 from policies.assembly_types import Records
@@ -116,13 +117,21 @@ class Rehydrator:
     provider: str
     rehydrations: list[dict[str, Any]]  # the request's record's (AssemblyRecord.rehydrations): appended to
     rounds: int = 0
-    _views: dict[str, ArtifactView] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self._views = {v.artifact_id: v for v in self.records.artifacts.values()}
-        self._lineage = self.records.lineage()
-        # Memories name artifacts by short references (policies.transcript.short_ref): this path's resolve here.
-        self._by_ref = {short_ref(artifact_id): artifact_id for artifact_id in self._lineage}
+    # What the lookups below read is made on the first call to the tool, not per request: most requests
+    # never call it, and on a long path these maps cost as much as the projection's own work.
+    @cached_property
+    def _views(self) -> dict[str, ArtifactView]:
+        return {v.artifact_id: v for v in self.records.artifacts.values()}
+
+    @cached_property
+    def _lineage(self) -> set[str]:
+        return self.records.lineage()
+
+    @cached_property
+    def _by_ref(self) -> dict[str, str]:
+        """Memories name artifacts by short references (policies.transcript.short_ref): this path's resolve here."""
+        return {short_ref(artifact_id): artifact_id for artifact_id in self._lineage}
 
     def full_id(self, asked: str) -> str:
         """The artifact id a model's reference names on this path (itself when it names none here)."""
