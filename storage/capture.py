@@ -77,12 +77,13 @@ _CONVERSATIONS = Conversation.__table__
 # (see `Capture._hold_conversation`).
 ACTIVE_WINDOW = timedelta(seconds=1)
 _SHARE_ACTIVE_CONVERSATION = (
-    select(_CONVERSATIONS.c.id)
+    select(_CONVERSATIONS.c.incarnation)
     .where(_CONVERSATIONS.c.id == bindparam("id"), _CONVERSATIONS.c.collected == 0,
            _CONVERSATIONS.c.last_active_at >= bindparam("since"))
     .with_for_update(read=True)  # FOR SHARE
 )
 _INSERT_RUN = insert(_RUNS)
+_INCARNATION = select(_CONVERSATIONS.c.incarnation).where(_CONVERSATIONS.c.id == bindparam("id"))
 
 # call id -> (assistant node, call, author): a result belongs to whoever made the call
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
@@ -95,6 +96,7 @@ class _Written(NamedTuple):
     conversation: str
     new_node_ids: tuple[str, ...]
     new_artifact_ids: tuple[str, ...]
+    incarnation: int  # the conversation's, read under its row's lock (storage/schema.py Conversation)
 
 
 def _open_calls(assistant: PathNode | None) -> _OpenCalls:
@@ -141,7 +143,7 @@ class Capture(PathReads, RunOutcomes):
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
         opening = first_user_node(path)
-        self._hold_conversation(connection, tenant, conversation, now, opening.id if opening else None)
+        incarnation = self._hold_conversation(connection, tenant, conversation, now, opening.id if opening else None)
         parent = self._parent_run(connection, run)
         if run.parent_request_id is not None and parent is None:  # unknown, or another tenant's: one answer
             raise UnknownParentRequest(run.parent_request_id)
@@ -176,13 +178,15 @@ class Capture(PathReads, RunOutcomes):
             {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
         ])
         connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
-        return _Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows))
+        return _Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
+                        incarnation)
 
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
                             written: _Written) -> IngestResult:
         conversation = written.conversation
         path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
-        observed, owners, rehydrated = self._artifact_facts(connection, path_artifacts)
+        observed, owners, rehydrated = self._path_facts(connection, run.tenant, conversation, written.incarnation,
+                                                        path_artifacts)
         in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
             "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
         subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
@@ -396,7 +400,7 @@ class Capture(PathReads, RunOutcomes):
             connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
 
     def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime,
-                           opening_node: str | None) -> None:
+                           opening_node: str | None) -> int:
         """Lock the conversation's row for this capture, which garbage collection and deletion take
         exclusively (so neither runs across a capture), and record the conversation's activity.
 
@@ -407,8 +411,13 @@ class Capture(PathReads, RunOutcomes):
         of the database sessions were found waiting for that lock. Otherwise (a conversation new,
         collected from, or idle for longer), and always on SQLite, which has one writer anyway, the
         touch takes the row exclusively and moves its last activity. Neither holds a share lock that it
-        then asks to upgrade: the share lock is taken only where no touch follows."""
-        if self.is_postgresql and connection.scalar(
-                _SHARE_ACTIVE_CONVERSATION, {"id": conversation, "since": now - ACTIVE_WINDOW}) is not None:
-            return
+        then asks to upgrade: the share lock is taken only where no touch follows.
+
+        Returns the conversation's incarnation, read under the lock."""
+        if self.is_postgresql:
+            incarnation = connection.scalar(_SHARE_ACTIVE_CONVERSATION, {"id": conversation,
+                                                                         "since": now - ACTIVE_WINDOW})
+            if incarnation is not None:
+                return int(incarnation)
         self._touch_conversation(connection, tenant, conversation, now, opening_node)
+        return int(connection.scalar(_INCARNATION, {"id": conversation}))

@@ -11,6 +11,7 @@ memberships, its subagents' link and the conversation's row go along; nothing el
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import datetime
 from typing import Any, Iterable
 
@@ -36,14 +37,16 @@ class Conversations(StoreBase):
             table = _CONVERSATIONS
             values = self._insert(table).values(id=bindparam("id"), tenant=bindparam("tenant"),
                                                 created_at=bindparam("now"), last_active_at=bindparam("now"),
-                                                collected=0, opening_node_id=bindparam("opening"))
+                                                collected=0, opening_node_id=bindparam("opening"),
+                                                incarnation=bindparam("incarnation"))
             statement = self._ignoring_conflicts[Conversation] = values.on_conflict_do_update(
                 index_elements=[table.c.id],
                 set_={"last_active_at": values.excluded.last_active_at, "collected": 0,
                       "opening_node_id": func.coalesce(table.c.opening_node_id, values.excluded.opening_node_id)},
                 where=table.c.last_active_at <= values.excluded.last_active_at,
             )
-        connection.execute(statement, {"id": conversation, "tenant": tenant, "now": now, "opening": opening_node})
+        connection.execute(statement, {"id": conversation, "tenant": tenant, "now": now, "opening": opening_node,
+                                       "incarnation": secrets.randbits(62)})  # a row made anew: a new life
 
     def _adopt_first_run(self, connection: Connection, tenant: str, run_id: str, conversation: str) -> None:
         """Move run `run_id`, alone in the conversation of its own id, into `conversation`."""

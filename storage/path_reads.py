@@ -10,28 +10,54 @@ path's length.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import orjson
-from sqlalchemy import Connection, String, any_, bindparam, func, select, text
+from sqlalchemy import Connection, String, any_, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from policies.bounded_cache import BoundedCache
 from policies.memo import memo
 from storage.record_types import as_utc
-from storage.schema import ConversationNode, MessageNode, ModelRun, ToolArtifact
+from storage.schema import Conversation, ConversationNode, MessageNode, ModelRun, ToolArtifact
 from storage.store_base import StoreBase
 
 _PROBED_TAIL = 32  # the last nodes of a path whose state `_known_nodes` looks up every time
 
 _RUNS, _NODES, _MEMBERS = ModelRun.__table__, MessageNode.__table__, ConversationNode.__table__
+_CONVERSATIONS = Conversation.__table__
 _ARTIFACTS = ToolArtifact.__table__
 _CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
+
+
+# The conversations that hold an artifact not yet marked rehydrated: their incarnations move on.
+_NEXT_INCARNATION = (
+    update(_CONVERSATIONS)
+    .where(_CONVERSATIONS.c.tenant == bindparam("of_tenant"), _CONVERSATIONS.c.id.in_(
+        select(_MEMBERS.c.conversation_id)
+        .select_from(_MEMBERS.join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id))
+        .where(_ARTIFACTS.c.id == bindparam("artifact"), _ARTIFACTS.c.tenant == bindparam("of_tenant"),
+               _ARTIFACTS.c.rehydrated_at.is_(None))))
+    .values(incarnation=_CONVERSATIONS.c.incarnation + 1)
+)
+
+
+def _facts_of(held: PathFacts, artifact_ids: list[str]) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
+    """The held facts of `artifact_ids` (those the database has), as `_artifact_facts` gives them."""
+    observed = {a: held.observed[a] for a in artifact_ids if a in held.observed}
+    return observed, {a: held.owners[a] for a in observed}, held.rehydrated.intersection(observed)
 
 
 def _any(name: str) -> Any:
     """`= ANY` of the array parameter `name` (PostgreSQL)."""
     return any_(bindparam(name, type_=ARRAY(String)))
 
+
+# The artifact facts a process keeps, in all (one per artifact of a path, its conversation's; about
+# 200 bytes each): a few hundred long conversations.
+FACTS_HELD = 100_000
+FACTS_CONVERSATIONS = 4096
 
 PREVIOUS_RUN_WINDOW = 64  # the leaves of a path where its previous run is looked for first (`_previous_run`)
 
@@ -115,8 +141,47 @@ def _sqlite_text_moment(value: str) -> float:
     return _sqlite_moment(datetime.fromisoformat(value))
 
 
+class PathFacts(NamedTuple):
+    """What a process holds of one conversation's artifacts, valid for one incarnation of it: when each
+    was observed, who owns it, those a model had back whole."""
+
+    observed: Mapping[str, float]
+    owners: Mapping[str, str]
+    rehydrated: frozenset[str]
+
+
 class PathReads(StoreBase):
     """The reads of a capture that take a path's ids, on the capture's connection."""
+
+    @cached_property
+    def _facts_held(self) -> BoundedCache:
+        """(tenant, conversation, incarnation) -> PathFacts: the facts read by earlier requests."""
+        return BoundedCache(FACTS_CONVERSATIONS, max_weight=FACTS_HELD, weigh=lambda facts: len(facts.observed) + 1)
+
+    def _path_facts(self, connection: Connection, tenant: str, conversation: str, incarnation: int,
+                    artifact_ids: list[str]) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
+        """`_artifact_facts` of the path's artifacts, reading only those no earlier request of this
+        incarnation of the conversation read: an agent's request adds a round or two to the path the
+        one before it had, so a 1,000-message request reads a few rows, not 500.
+
+        What is held stays true while the incarnation does. An artifact's observation and owner are
+        written once, with its row. A row goes only when retention claims the conversation, or
+        deletion removes it (it comes back with a new random incarnation), and a rehydration mark
+        moves the incarnation on (`mark_rehydrated`): the capture read the incarnation under the
+        conversation's row lock, so what a later write changed is read again, on every replica."""
+        key = (tenant, conversation, incarnation)
+        held: PathFacts | None = self._facts_held.get(key)
+        missing = artifact_ids if held is None else [a for a in artifact_ids if a not in held.observed]
+        if held is not None and not missing:
+            return _facts_of(held, artifact_ids)
+        observed, owners, rehydrated = self._artifact_facts(connection, missing)
+        if held is not None:
+            observed = {**held.observed, **observed}
+            owners = {**held.owners, **owners}
+            rehydrated = held.rehydrated | rehydrated
+        merged = PathFacts(observed, owners, rehydrated)
+        self._facts_held.put(key, merged)
+        return _facts_of(merged, artifact_ids)
 
     def _known_nodes(self, connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
         """(the nodes of the path `ids` that exist, those of them this conversation already uses), asking
@@ -187,8 +252,10 @@ class PathReads(StoreBase):
 
     def mark_rehydrated(self, tenant: str, artifact_id: str) -> None:
         """Note that a model had `artifact_id` back whole (the first time only): the conversation's later
-        requests forward it whole (policies/assembler.py `_rehydrate_named`)."""
+        requests forward it whole (policies/assembler.py `_rehydrate_named`). The incarnation of every
+        conversation that holds it moves on first, so no process reads it from what it held before."""
         with self._writing, self.engine.begin() as connection:
+            connection.execute(_NEXT_INCARNATION, {"of_tenant": tenant, "artifact": artifact_id})
             connection.execute(_ARTIFACTS.update().where(
                 _ARTIFACTS.c.id == artifact_id, _ARTIFACTS.c.tenant == tenant, _ARTIFACTS.c.rehydrated_at.is_(None),
             ).values(rehydrated_at=datetime.fromtimestamp(self.clock(), timezone.utc)))

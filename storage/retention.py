@@ -163,7 +163,10 @@ class Retention(Deletion):
             return [], None
         claimed = connection.execute(
             update(Conversation).where(Conversation.id.in_(candidates), *idle)
-            .values(collected=Conversation.collected.op("|")(bit)).returning(Conversation.id)
+            # A claimed conversation's records are about to go: its incarnation moves on, so what any
+            # process holds of it is read again (storage/path_reads.py `PathFacts`).
+            .values(collected=Conversation.collected.op("|")(bit), incarnation=Conversation.incarnation + 1)
+            .returning(Conversation.id)
         ).scalars().all()
         return sorted(claimed), candidates[-1]
 

@@ -286,6 +286,11 @@ class Conversation(Base):
     # The node of its first user message, which the dashboard names an unlabelled conversation by (no
     # foreign key: retention may remove the node and keep the row; the name then falls back to the id).
     opening_node_id: Mapped[str | None] = mapped_column(ID)
+    # Which life of the conversation's records this is: random when the row is made, moved on whenever
+    # something a capture read may have changed (retention's claim of a class, a result a model had
+    # back whole). What a process keeps of a conversation's artifact facts is valid for one value
+    # (storage/path_reads.py `PathFacts`), on every replica, since each capture reads it under the row's lock.
+    incarnation: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 Index("ix_conversations_tenant_last_active", Conversation.tenant, Conversation.last_active_at)

@@ -3,11 +3,18 @@ on SQLite and on the real PostgreSQL: each list is one parameter, and the answer
 ids alone give."""
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from sqlalchemy import select
+
 from policies.transcript import artifact_id_for, conversation_id_for, message_path
-from storage.record_types import RunOutcome, RunStart
+from storage.blobs import DirectoryBlobStore
+from storage.database import make_engine
+from storage.record_types import IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore
+from storage.retention import RetentionClasses, run_gc
+from storage.schema import Conversation
 from testkit.gateway import make_store
 
 PAST_THE_BIND_LIMIT = 70_000  # psycopg refuses a statement of more than 65,535 parameters
@@ -109,3 +116,94 @@ def test_the_previous_run_is_looked_for_near_the_end_first_and_found_anywhere(st
     with store.engine.connect() as connection:
         near = store._previous_run(connection, ids)
         assert near is not None and near.id == f"req_{1:032x}" and near.leaf_node_id == ids[-3]
+
+
+class _Clock:
+    def __init__(self, moment: float) -> None:
+        self.moment = moment
+
+    def __call__(self) -> float:
+        return self.moment
+
+
+def _facts(store: RecordStore, messages: list[dict], n: int, label: str = "task") -> IngestResult:
+    run = RunStart(request_id=f"req_{n:032x}", tenant="acme", participant="p", model="fake",
+                   upstream_model="openai/fake", stream=False, session_label=label)
+    return store.ingest(message_path("acme", messages), run)
+
+
+def _as_read_afresh(store: RecordStore, result: IngestResult) -> tuple[dict, dict, frozenset]:
+    """What the database says of the result's path artifacts, with nothing held."""
+    with store.engine.connect() as connection:
+        return type(store)._artifact_facts(store, connection, list(result.path_artifact_ids))
+
+
+def _reads(store: RecordStore) -> list[list[str]]:
+    """The artifact ids each database read of facts asked about, from now on."""
+    asked: list[list[str]] = []
+    read = store._artifact_facts
+
+    def counting(connection, artifact_ids):  # type: ignore[no-untyped-def]
+        asked.append(list(artifact_ids))
+        return read(connection, artifact_ids)
+
+    store._artifact_facts = counting  # type: ignore[method-assign]
+    return asked
+
+
+def test_a_conversations_artifact_facts_are_read_once_and_stay_true(storage_url: str, tmp_path: Path) -> None:
+    """A request reads the facts of the artifacts no earlier request of the conversation read; what it
+    hands the assembler is what the database says, request after request, on every replica: a second
+    store on the same database (another process) sees a rehydration mark made through the first, and
+    a conversation deleted and captured again is observed anew, though both held its facts before."""
+    clock = _Clock(1_000_000.0)
+    first = RecordStore(make_engine(storage_url), DirectoryBlobStore(tmp_path / "blobs"), clock=clock)
+    first.create_schema()
+    second = RecordStore(make_engine(storage_url), DirectoryBlobStore(tmp_path / "blobs"), clock=clock)
+    try:
+        messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+        for n in range(12):
+            messages += _round(n)
+            result = _facts(first, messages, n)
+            assert (result.observed_at, result.owners, result.rehydrated) == _as_read_afresh(first, result)
+        asked = _reads(first)
+        messages += _round(12)
+        result = _facts(first, messages, 12)
+        assert asked == [[artifact_id_for(message_path("acme", messages)[-1].id)]]  # the new round's only
+        assert len(result.observed_at) == 13
+        assert (result.observed_at, result.owners, result.rehydrated) == _as_read_afresh(first, result)
+        _facts(first, messages, 13)  # the same path again: nothing to read
+        assert len(asked) == 1
+
+        held = _facts(second, messages, 14)  # the other replica holds the conversation's facts too
+        marked = result.path_artifact_ids[4]
+        first.mark_rehydrated("acme", marked)
+        assert _facts(second, messages, 15).rehydrated == {marked}
+        assert _facts(first, messages, 16).rehydrated == {marked}
+
+        clock.moment += 3600
+        assert first.delete_conversation("acme", "task")["tool_artifacts"] == 13
+        again = _facts(first, messages, 17)  # captured anew: observed now, and nothing marked
+        assert set(again.observed_at.values()) == {clock.moment} and not again.rehydrated
+        seen_by_second = _facts(second, messages, 18)
+        assert (seen_by_second.observed_at, seen_by_second.rehydrated) == (again.observed_at, frozenset())
+        assert seen_by_second.observed_at != held.observed_at
+    finally:
+        first.engine.dispose()
+        second.engine.dispose()
+
+
+def test_retentions_claim_moves_the_incarnation_on(store: RecordStore) -> None:
+    """Retention claims a conversation before it deletes its records: the claim moves the incarnation
+    on, so facts held from before are not the ones a later capture is given."""
+    messages = [{"role": "user", "content": "go"}, *_round(0)]
+    _facts(store, messages, 0)
+    conversation = conversation_id_for("acme", "task", message_path("acme", messages), "req_unused")
+    table = Conversation.__table__
+    with store.engine.connect() as connection:
+        before = connection.scalar(select(table.c.incarnation).where(table.c.id == conversation))
+    report = run_gc(store, lambda tenant: RetentionClasses(artifacts=timedelta(days=1)),
+                    datetime.fromtimestamp(store.clock(), timezone.utc) + timedelta(days=2))
+    assert report.counts.get("tool_artifacts") == 1
+    with store.engine.connect() as connection:
+        assert connection.scalar(select(table.c.incarnation).where(table.c.id == conversation)) == before + 1
