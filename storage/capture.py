@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timedelta
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Literal, Mapping, NamedTuple, Sequence, overload
 
 from sqlalchemy import Connection, bindparam, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
@@ -112,9 +112,13 @@ class Capture(PathReads, RunOutcomes):
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
         if not path:
             raise ValueError("a request has at least one message")
+        if self.is_postgresql:
+            # In the capture's own transaction: the reads see its writes, and the request spends no
+            # second connection (a pool checkout, its ping, BEGIN and ROLLBACK: four round trips more).
+            return self._write_capture(path, run, read=True)
         written = self._write_capture(path, run)
-        # What the assembly reads about the path is read after the commit, off the write lock (SQLite has
-        # one writer: what is done under it is what bounds throughput); it sees this capture and any
+        # On SQLite what the assembly reads about the path is read after the commit, off the write lock
+        # (one writer: what is done under it is what bounds throughput); it sees this capture and any
         # committed since, as if the request had come a moment later.
         try:
             with self.engine.connect() as connection:
@@ -123,10 +127,22 @@ class Capture(PathReads, RunOutcomes):
             first_line = (str(exc).splitlines() or [""])[0][:300]
             raise CapturedThenFailed(f"after the capture: {type(exc).__name__}: {first_line}") from exc
 
-    def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> _Written:
+    @overload
+    def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> _Written: ...
+
+    @overload
+    def _write_capture(self, path: Sequence[PathNode], run: RunStart, read: Literal[True]) -> IngestResult: ...
+
+    def _write_capture(self, path: Sequence[PathNode], run: RunStart, read: bool = False) -> _Written | IngestResult:
+        """The capture, committed; with `read`, and what the assembly reads about the path, in the same
+        transaction."""
+        def capture(connection: Connection) -> _Written | IngestResult:
+            written = self._ingest(connection, path, run)
+            return self._read_after_capture(connection, path, run, written) if read else written
+
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                return self._in_transaction(lambda connection: self._ingest(connection, path, run))
+                return self._in_transaction(capture)
             except DataError as exc:
                 raise UnstorableValue(str(getattr(exc, "orig", exc)).splitlines()[0]) from exc
             except IntegrityError:

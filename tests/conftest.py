@@ -205,6 +205,14 @@ def gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[Run
 
 
 @pytest.fixture
+def postgres_gateway(fake: FakeUpstream, postgres_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
+    """The gateway on a real socket over PostgreSQL (skipped, saying why, where there is none)."""
+    running, server = start_gateway(settings_for(fake.api_base, postgres_url, tmp_path), fake)
+    yield running
+    server.stop()
+
+
+@pytest.fixture
 def gateway_any_store(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
     """The same gateway over SQLite and over PostgreSQL."""
     running, server = start_gateway(settings_for(fake.api_base, storage_url, tmp_path), fake)
