@@ -7,7 +7,8 @@ on one thread: the wire format's parse, `gateway.pipeline.request_path._capture_
 projection, assembly record), the base of the assembly record (`RecentAssemblies.based`),
 `finish_run` and `RecentAssemblies.remember`, as the run recorder does after the answer. Prints the
 median milliseconds per request of the capture's write (`_write_capture`), its read
-(`_read_after_capture`) and `finish_run`, per transcript; with --encrypt also how many values a
+(`_read_after_capture`; on PostgreSQL it runs inside the write's transaction, so the write's figure
+holds it too and the sum counts it twice) and `finish_run`, per transcript; with --encrypt also how many values a
 request sealed and the CPU those seals took (inside the figures above), which the machine's noise
 between two runs hides. A fresh SQLite file in a temporary folder,
 or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME`). --encrypt sets a random
