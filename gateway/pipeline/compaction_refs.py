@@ -76,7 +76,10 @@ def _is_instructions(message: dict[str, Any]) -> bool:
 
 async def expanded(services: Services, tenant: str, neutral: NeutralRequest) -> NeutralRequest:
     """`neutral` with its latest gateway compaction item replaced by the transcript it stands for."""
-    spots = [index for index, message in enumerate(neutral.messages) if gateway_item(message) is not None]
+    # A compaction item is an assistant turn whose content is a list: the type test first spares a
+    # 1,000-message transcript of strings a function call per message.
+    spots = [index for index, message in enumerate(neutral.messages)
+             if type(message.get("content")) is list and gateway_item(message) is not None]
     if not spots:
         return neutral
     last = spots[-1]
