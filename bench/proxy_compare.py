@@ -37,12 +37,23 @@ Per target and transcript:
              speed drifts by 10-20% from minute to minute, and against a proxy whose throughput
              swings between 5-second windows, rows measured minutes apart do not compare;
   startup    spawn until the first successful chat completion;
-  RSS        VmRSS of the process and its children after the load.
+  RSS        VmRSS of the process and its children after the load;
+  burst      then, each target in turn (the others idle), --burst-clients (8) chat requests at once,
+             each its own conversation of 40 tool rounds whose body is at most --burst-mb MiB
+             (30 MiB = 31,457,280 bytes, under the gateway's 32 MiB server.max_body_bytes; the
+             bodies of bench/memory_burst.py, built once for the run), every request bounded by
+             --burst-timeout; RSS (process and children) sampled every 100 ms: the peak during the
+             burst and its --burst-settle (10 s) wait, and after it, the lowest sample of the wait's
+             last 5 s (its last half when shorter); the seconds until the last answer; any answer but
+             a 200 chat completion is an error (the first one kept). --no-burst skips it; --quick
+             sends 2 bodies of 5 MiB and waits 4 s.
 The load generator runs in this process, on the same CPUs as the servers.
 Prints one table, the gateway (coding-agent, on SQLite and on PostgreSQL) against the
-floor (added latency and requests/s, as ratios: how far from the limit) and, with
-LiteLLM Proxy, the gateway (coding-agent, SQLite) against it; writes every figure to
---json (default bench/results/proxy_compare.json).
+floor (added latency, requests/s and RSS, as ratios: how far from the limit) and, with
+LiteLLM Proxy, the gateway (coding-agent, SQLite) against it (latency, throughput, and
+RSS after the load, at the burst's peak and after the burst: `rss_ratio`,
+`rss_burst_peak_ratio`, `rss_after_burst_ratio`); writes every figure to --json
+(default bench/results/proxy_compare.json).
 """
 from __future__ import annotations
 
@@ -72,6 +83,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench_transcripts import Transcript, build_transcripts  # noqa: E402
+from memory_burst import MIB, burst, burst_bodies, rss_comparison  # noqa: E402
 from scripts.processes import free_port, postgres_schema  # noqa: E402
 
 BENCH = REPO / "bench"
@@ -464,11 +476,19 @@ def interleaved_loads(servers: dict[str, Server], transcript: Transcript, rounds
     return {name: figures for name, figures in loads.items() if name not in failed}, failed
 
 
+def burst_line(row: dict[str, Any]) -> str:
+    """A burst's figures as printed when it ends."""
+    error = f"; {row['burst_errors']} errors, first: {row['burst_first_error'][:200]}" if row["burst_errors"] else ""
+    return (f"{row['burst_seconds']:.1f} s, RSS {row.get('rss_mb', math.nan):.0f} -> peak "
+            f"{row['rss_burst_peak_mb']:.0f} -> {row['rss_after_burst_mb']:.0f} MB{error}")
+
+
 def measure_transcript(specs: list[TargetSpec], upstream: Server, transcript: Transcript, rounds: Iterator[int],
-                       args: argparse.Namespace) -> list[dict[str, Any]]:
+                       bodies: list[bytes], args: argparse.Namespace) -> list[dict[str, Any]]:
     """One row per target: every target started (fresh) and timed sequentially in turn, then all loaded in
-    interleaved windows, then their RSS; all stopped at the end. A target that fails is reported, the
-    others still run."""
+    interleaved windows, then their RSS, then (unless `bodies` is empty) each takes the burst of `bodies`
+    in turn, the others idle; all stopped at the end. A target that fails is reported, the others still
+    run."""
     rows: dict[str, dict[str, Any]] = {}
     servers: dict[str, Server] = {}
     with ExitStack() as stack:
@@ -501,9 +521,16 @@ def measure_transcript(specs: list[TargetSpec], upstream: Server, transcript: Tr
         for name, server in servers.items():  # every target that was loaded, a failed load included
             rows[name]["rss_mb"] = server.rss_mb()
         print(f"{time.monotonic() - started:.0f} s", flush=True)
+        if bodies:
+            for name, server in servers.items():
+                print(f"{transcript.name} / {name} / burst ...", end=" ", flush=True)
+                rows[name].update(burst(server.api_base, server.headers, server.rss_mb, bodies,
+                                        args.burst_settle, args.burst_timeout))
+                print(burst_line(rows[name]), flush=True)
     for row in rows.values():
         row["errors"] = (row.get("sequential", {}).get("errors", 0)
-                         + sum(result["errors"] for result in row.get("load", {}).values()))
+                         + sum(result["errors"] for result in row.get("load", {}).values())
+                         + row.get("burst_errors", 0))
         if not row["errors"] and "failed" not in row:
             row.pop("log_tail", None)
     return list(rows.values())
@@ -517,7 +544,8 @@ def _stop(server: Server, row: dict[str, Any]) -> None:
 # --- report -----------------------------------------------------------------
 
 COLUMNS = [("transcript", 15), ("target", 29), ("added med", 9), ("p95", 8), ("p99", 8), ("rps@20", 8),
-           ("p95@20", 8), ("rps@50", 8), ("p95@50", 8), ("errors", 6), ("startup s", 9), ("RSS MB", 7)]
+           ("p95@20", 8), ("rps@50", 8), ("p95@50", 8), ("errors", 6), ("startup s", 9), ("RSS MB", 7),
+           ("burst s", 7), ("peak MB", 7), ("after MB", 8)]
 
 
 def row_cells(row: dict[str, Any]) -> list[str]:
@@ -532,7 +560,8 @@ def row_cells(row: dict[str, Any]) -> list[str]:
     return [row["transcript"], row["target"], f"{seq['added_ms']['median']:.2f}", f"{seq['target_ms']['p95']:.2f}",
             f"{seq['target_ms']['p99']:.2f}", at(20, "rps", 1), at(20, "p95_ms", 1), at(50, "rps", 1),
             at(50, "p95_ms", 1), str(row["errors"]), f"{row.get('startup_s', math.nan):.2f}",
-            f"{row.get('rss_mb', math.nan):.0f}"]
+            f"{row.get('rss_mb', math.nan):.0f}", f"{row.get('burst_seconds', math.nan):.1f}",
+            f"{row.get('rss_burst_peak_mb', math.nan):.0f}", f"{row.get('rss_after_burst_mb', math.nan):.0f}"]
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -544,6 +573,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                         for i, (cell, (_, width)) in enumerate(zip(cells, COLUMNS))))
     print("added med: median of (target - direct) over interleaved pairs; p95/p99: the target's own latency (ms); "
           "rps@N/p95@N: N concurrent clients; errors: non-200 and transport errors, all phases")
+    print("RSS MB: VmRSS of the process and its children after the loads; burst s: the burst of large bodies "
+          "at once (--burst-clients x --burst-mb), until its last answer; peak MB: the highest RSS sampled "
+          "during it and its settle; after MB: the lowest in the settle's last seconds")
+    for row in rows:
+        if row.get("burst_errors"):
+            print(f"BURST ERRORS {row['transcript']} / {row['target']}: {row['burst_errors']} of the burst's "
+                  f"requests failed, first: {row['burst_first_error'][:200]}")
     for row in rows:
         if "failed" in row and "sequential" in row:
             print(f"FAILED {row['transcript']} / {row['target']}: {row['failed'].splitlines()[0][:200]}")
@@ -567,7 +603,9 @@ def measured(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]
 
 
 def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per transcript: the gateway (coding-agent, SQLite) over LiteLLM Proxy."""
+    """Per transcript: the gateway (coding-agent, SQLite) over LiteLLM Proxy, latency and throughput, and
+    RSS after the loads, at the burst's peak and after it settled (the issue asks for an RSS after the
+    benchmark at most LiteLLM Proxy's, and within 20% of it after the burst)."""
     found = measured(rows)
     out = []
     for transcript in dict.fromkeys(row["transcript"] for row in rows):
@@ -581,14 +619,16 @@ def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "rps20": {"gateway": g20["rps"], "litellm": l20["rps"]},
                     "rps20_ratio": ratio(g20["rps"], l20["rps"]),
                     "p95_20_ms": {"gateway": g20["p95_ms"], "litellm": l20["p95_ms"]},
-                    "p95_20_ratio": ratio(g20["p95_ms"], l20["p95_ms"])})
+                    "p95_20_ratio": ratio(g20["p95_ms"], l20["p95_ms"]),
+                    **rss_comparison(gateway, litellm, "litellm")})
     return out
 
 
 def floor_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per transcript and storage: the gateway (coding-agent) against the floor. The added-latency ratio
     is how many times the floor's added median the gateway adds; the requests/s ratio, at 20 and at 50
-    clients, the share of the floor's throughput the gateway keeps (1.0 would be the limit)."""
+    clients, the share of the floor's throughput the gateway keeps (1.0 would be the limit); the RSS
+    ratios, how many times the floor's memory the gateway holds after the loads and after the burst."""
     found = measured(rows)
     out = []
     for transcript in dict.fromkeys(row["transcript"] for row in rows):
@@ -606,19 +646,33 @@ def floor_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 f_rps = floor["load"].get(str(clients), {}).get("rps", math.nan)
                 comparison[f"rps{clients}"] = {"gateway": g_rps, "floor": f_rps}
                 comparison[f"rps{clients}_ratio"] = ratio(g_rps, f_rps)
+            comparison.update(rss_comparison(gateway, floor, "floor"))
             out.append(comparison)
     return out
+
+
+def rss_text(comparison: dict[str, Any], other: str) -> str:
+    """The RSS figures of a comparison: gateway / other after the loads, at the burst's peak, settled after it."""
+    parts = []
+    for label, figure, ratio_name in (("after load", "rss_mb", "rss_ratio"),
+                                      ("burst peak", "rss_burst_peak_mb", "rss_burst_peak_ratio"),
+                                      ("after burst", "rss_after_burst_mb", "rss_after_burst_ratio")):
+        values = comparison[figure]
+        parts.append(f"{label} {values['gateway']:.0f} / {values[other]:.0f} = {comparison[ratio_name]:.2f}x")
+    return "RSS MB " + ";  ".join(parts)
 
 
 def print_floor_comparisons(found: list[dict[str, Any]]) -> None:
     if not found:
         return
-    print("\ngateway (coding-agent) vs the floor: added median gateway / floor; rps@N gateway / floor")
+    print("\ngateway (coding-agent) vs the floor: added median gateway / floor; rps@N gateway / floor; "
+          "RSS gateway / floor")
     for c in found:
         rps = ";  ".join(f"rps@{n} {c[f'rps{n}']['gateway']:.1f} / {c[f'rps{n}']['floor']:.1f} = "
                          f"{c[f'rps{n}_ratio']:.2f}x" for n in CONCURRENCY)
         print(f"  {c['transcript']:<15} {c['gateway']:<29} added median {c['added_median_ms']['gateway']:.2f} / "
               f"{c['added_median_ms']['floor']:.2f} ms = {c['added_median_ratio']:.1f}x;  {rps}")
+        print(f"  {'':<15} {'':<29} {rss_text(c, 'floor')}")
 
 
 def print_comparisons(found: list[dict[str, Any]]) -> None:
@@ -631,6 +685,7 @@ def print_comparisons(found: list[dict[str, Any]]) -> None:
               f"rps@20 {c['rps20']['gateway']:.1f} / {c['rps20']['litellm']:.1f} = {c['rps20_ratio']:.2f}x;  "
               f"p95@20 {c['p95_20_ms']['gateway']:.1f} vs {c['p95_20_ms']['litellm']:.1f} ms "
               f"({c['p95_20_ratio']:.2f}x)")
+        print(f"  {'':<15} {rss_text(c, 'litellm')}")
 
 
 def finite(value: Any) -> Any:
@@ -657,6 +712,20 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def build_burst(args: argparse.Namespace) -> tuple[list[bytes], dict[str, Any] | None]:
+    """The burst's bodies, built once for every target and transcript (none with --no-burst), and what they are."""
+    if args.no_burst:
+        return [], None
+    started = time.monotonic()
+    bodies = burst_bodies(args.burst_clients, round(args.burst_mb * MIB))
+    sizes = [len(body) for body in bodies]
+    print(f"burst: {len(bodies)} conversations at once, bodies of {min(sizes):,} to {max(sizes):,} bytes "
+          f"({args.burst_mb:g} MiB = {round(args.burst_mb * MIB):,} at most; built in "
+          f"{time.monotonic() - started:.1f} s), then {args.burst_settle:g} s to settle", flush=True)
+    return bodies, {"clients": len(bodies), "mib": args.burst_mb, "body_bytes": sizes,
+                    "settle_s": args.burst_settle, "timeout_s": args.burst_timeout}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, help="measured sequential pairs per row (default 200; --quick 20)")
@@ -678,18 +747,31 @@ def main() -> None:
                              "litellm-proxy)")
     parser.add_argument("--stream", action="store_true", help="send `stream: true` and time to the last byte")
     parser.add_argument("--seed", type=int, default=7, help="of the synthetic transcripts (default 7)")
+    parser.add_argument("--burst-clients", type=int, help="requests of the burst, all at once (default 8; --quick 2)")
+    parser.add_argument("--burst-mb", type=float,
+                        help="MiB (2^20 bytes) of each burst body, at most (default 30; --quick 5); the gateway "
+                             "answers 413 above server.max_body_bytes, 32 MiB, and 503 server_busy to bodies "
+                             "past server.max_buffered_request_bytes, 256 MiB, held at once")
+    parser.add_argument("--burst-settle", type=float,
+                        help="seconds of quiet after the burst's last answer before its RSS is read (default 10; "
+                             "--quick 4)")
+    parser.add_argument("--burst-timeout", type=float, default=300.0,
+                        help="seconds each burst request may take in all (default 300)")
+    parser.add_argument("--no-burst", action="store_true", help="skip the burst")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short loads, one transcript")
     parser.add_argument("--json", type=Path, default=BENCH / "results" / "proxy_compare.json",
                         help="write every figure here (default bench/results/proxy_compare.json)")
     args = parser.parse_args()
     defaults = {"requests": (200, 20), "warmup": (20, 4), "duration": (15.0, 2.0), "load_warmup": (2.0, 0.5),
-                "load_windows": (3, 1)}
+                "load_windows": (3, 1), "burst_clients": (8, 2), "burst_mb": (30.0, 5.0), "burst_settle": (10.0, 4.0)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     if args.requests < 1 or args.warmup < 0 or args.duration <= 0 or args.load_warmup < 0 or args.workers < 1 \
             or args.load_windows < 1:
         parser.error("--requests, --workers and --load-windows must be >= 1, --duration > 0, --warmup and --load-warmup >= 0")
+    if args.burst_clients < 1 or args.burst_mb <= 0 or args.burst_settle < 0 or args.burst_timeout <= 0:
+        parser.error("--burst-clients must be >= 1, --burst-mb and --burst-timeout > 0, --burst-settle >= 0")
 
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     info = machine()
@@ -700,6 +782,7 @@ def main() -> None:
     for t in transcripts:
         print(f"transcript {t.name}: {len(t.messages)} messages, {len(t.head) / 1024:.0f} KiB body, "
               f"{len(t.tools)} tool schemas{', streaming' if t.stream else ''}")
+    bodies, burst_info = build_burst(args)
     notes: list[str] = []
     rows: list[dict[str, Any]] = []
     rounds = itertools.count(1)  # every +round request of the run gets a round never sent before
@@ -710,7 +793,7 @@ def main() -> None:
             specs = [spec for spec in target_specs(args, upstream, notes)
                      if spec.always or not args.targets or spec.name in args.targets]
             for transcript in transcripts:
-                rows += measure_transcript(specs, upstream, transcript, rounds, args)
+                rows += measure_transcript(specs, upstream, transcript, rounds, bodies, args)
         finally:
             upstream.stop()
 
@@ -725,7 +808,7 @@ def main() -> None:
     report = {"command": command, "machine": info, "options": {k: str(v) if isinstance(v, Path) else v
                                                                for k, v in vars(args).items()},
               "litellm_proxy_version": LITELLM_VERSION if any(r["target"] == "litellm-proxy" for r in rows) else None,
-              "rows": rows, "gateway_vs_floor": against_floor, "gateway_vs_litellm": found, "notes": notes}
+              "burst": burst_info, "rows": rows, "gateway_vs_floor": against_floor, "gateway_vs_litellm": found, "notes": notes}
     args.json.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False) + "\n")
     print(f"\nwrote {args.json}")
 
