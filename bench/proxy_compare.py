@@ -1,7 +1,7 @@
 """Added latency, throughput, startup and memory: this gateway against the floor and LiteLLM Proxy, in one run.
 
-    .venv/bin/python bench/proxy_compare.py --quick                  # smoke run, ~1 min
-    .venv/bin/python bench/proxy_compare.py --litellm-proxy          # the comparison, ~10 min
+    .venv/bin/python bench/proxy_compare.py --quick                  # smoke run, ~1-2 min
+    .venv/bin/python bench/proxy_compare.py --litellm-proxy          # the comparison, ~25 min (--no-burst: ~10)
     .venv/bin/python bench/proxy_compare.py --litellm-proxy --postgres postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 Every server is its own process on its own port on 127.0.0.1, against the
@@ -46,7 +46,9 @@ Per target and transcript:
              burst and its --burst-settle (10 s) wait, and after it, the lowest sample of the wait's
              last 5 s (its last half when shorter); the seconds until the last answer; any answer but
              a 200 chat completion is an error (the first one kept). --no-burst skips it; --quick
-             sends 2 bodies of 5 MiB and waits 4 s.
+             sends 2 bodies of 5 MiB and waits 4 s. On 2 CPUs the gateway (coding-agent) takes 2-3
+             minutes over the 8 x 30 MiB (its policy reads every line of every tool result: 14-16 s
+             for one such body alone), the other targets seconds.
 The load generator runs in this process, on the same CPUs as the servers.
 Prints one table, the gateway (coding-agent, on SQLite and on PostgreSQL) against the
 floor (added latency, requests/s and RSS, as ratios: how far from the limit) and, with
@@ -750,13 +752,15 @@ def main() -> None:
     parser.add_argument("--burst-clients", type=int, help="requests of the burst, all at once (default 8; --quick 2)")
     parser.add_argument("--burst-mb", type=float,
                         help="MiB (2^20 bytes) of each burst body, at most (default 30; --quick 5); the gateway "
-                             "answers 413 above server.max_body_bytes, 32 MiB, and 503 server_busy to bodies "
-                             "past server.max_buffered_request_bytes, 256 MiB, held at once")
+                             "refuses bodies over server.max_body_bytes, 32 MiB (400 request_too_large), and "
+                             "answers 503 server_busy past server.max_buffered_request_bytes, 256 MiB, of bodies "
+                             "held at once")
     parser.add_argument("--burst-settle", type=float,
                         help="seconds of quiet after the burst's last answer before its RSS is read (default 10; "
                              "--quick 4)")
-    parser.add_argument("--burst-timeout", type=float, default=300.0,
-                        help="seconds each burst request may take in all (default 300)")
+    parser.add_argument("--burst-timeout", type=float, default=600.0,
+                        help="seconds each burst request may take in all (default 600, the gateway's "
+                             "server.upstream_timeout_seconds)")
     parser.add_argument("--no-burst", action="store_true", help="skip the burst")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short loads, one transcript")
     parser.add_argument("--json", type=Path, default=BENCH / "results" / "proxy_compare.json",
@@ -808,7 +812,8 @@ def main() -> None:
     report = {"command": command, "machine": info, "options": {k: str(v) if isinstance(v, Path) else v
                                                                for k, v in vars(args).items()},
               "litellm_proxy_version": LITELLM_VERSION if any(r["target"] == "litellm-proxy" for r in rows) else None,
-              "burst": burst_info, "rows": rows, "gateway_vs_floor": against_floor, "gateway_vs_litellm": found, "notes": notes}
+              "burst": burst_info, "rows": rows, "gateway_vs_floor": against_floor, "gateway_vs_litellm": found,
+              "notes": notes}
     args.json.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False) + "\n")
     print(f"\nwrote {args.json}")
 
