@@ -1,0 +1,86 @@
+"""policies/excerpts.py: the shortcuts that make a large result's excerpt cheap keep exactly what
+scoring every line one by one keeps (issue 33: a 30 MiB body of tool results took 15 s to project,
+most of it scoring lines that carry nothing)."""
+from __future__ import annotations
+
+import re
+from unittest.mock import patch
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.excerpts import (
+    _MIN_WEIGHT,
+    _NOT_LETTER,
+    _TERM,
+    _TERM_WITH_DIGIT,
+    Line,
+    Salience,
+    _candidates,
+    _is_noise,
+    _letters,
+    salient_lines,
+    text_excerpt,
+)
+from policies.policy import Compaction
+
+_LETTER = re.compile(r"[^\W\d_]")
+_WORDS = ["the", "build", "order", "ORD-1042", "1,042", "$1,200", "12%", "must", "not", "can't", "Error", "failed",
+          "timed out", "no later than", "status:", "src/app.py", "v2.3.1", "x", "--", "::", "é", "Straße", "STRASSE",
+          "50%", "ab%12", "$", "1abc", "a1", "A-7", "refund", "approved", "warning", "ok", "7", "2026-12-01", "/tmp/x1"]
+_lines = st.lists(st.sampled_from(_WORDS), max_size=12).map(" ".join)
+
+
+def _scored_one_by_one(middle: list[Line], salience: Salience) -> list[tuple[int, int, str, int]]:
+    """Every line scored, as `salient_lines` did before it looked for candidates."""
+    out = []
+    for position, line in enumerate(middle):
+        weight, why, at = salience.reasons(line.text)
+        if weight >= _MIN_WEIGHT:
+            out.append((-weight, position, why, at))
+    return sorted(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=300) | _lines)
+def test_the_digit_terms_are_the_terms_matches_that_hold_a_digit(text: str) -> None:
+    expected = [m.span() for m in _TERM.finditer(text) if any(ch.isdigit() for ch in m.group())]
+    assert [m.span() for m in _TERM_WITH_DIGIT.finditer(text)] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(line=st.text(max_size=80) | st.text(st.characters(max_codepoint=127), max_size=80))
+def test_letters_are_counted_as_before(line: str) -> None:
+    assert _letters(line) == len(_NOT_LETTER.sub("", line)) == len(_LETTER.findall(line))
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(_lines, min_size=60, max_size=140),
+       terms=st.sets(st.sampled_from(["1042", "ORD-1042", "1200", "v2.3.1", "A-7", "2026-12-01", "a1", "1abc"])),
+       asked=st.sets(st.sampled_from(["1042", "v2.3.1", "7777"])),
+       phrases=st.sets(st.sampled_from(["straße", "src/app.py", "order ord", "refund"])),
+       patterns=st.lists(st.sampled_from([r"^ok", r"refund$", r"\bbuild\b"]), max_size=2))
+def test_the_candidates_hold_every_line_that_weighs_enough(texts: list[str], terms: set[str], asked: set[str],
+                                                           phrases: set[str], patterns: list[str]) -> None:
+    salience = Salience(patterns=tuple(patterns), terms=frozenset(terms), asked=frozenset(asked),
+                        phrases=frozenset(phrases))
+    middle = [Line(n, text) for n, text in enumerate(texts, start=1)]
+    candidates = set(_candidates(texts, salience))
+    assert {position for _, position, _, _ in _scored_one_by_one(middle, salience)} <= candidates
+    with patch("policies.excerpts._candidates", lambda texts, _: range(len(texts))):
+        every_line_scored = salient_lines(middle, salience, 400, 120)
+    assert salient_lines(middle, salience, 400, 120) == every_line_scored
+
+
+def test_a_large_result_keeps_the_lines_it_kept_when_every_line_was_scored() -> None:
+    """A few thousand lines, the deciding ones spread through: the same excerpt as scoring each line."""
+    lines = [f"line {n}: copied file{n % 7}.txt to the cache" for n in range(4000)]
+    lines[1234] = "ERROR: order ORD-1042 was not shipped"
+    lines[2500] = "refund must be approved before 2026-12-01"
+    lines[3999 - 20] = "status: done"
+    text = "\n".join(lines)
+    salience = Salience(terms=frozenset({"ORD-1042", "2026-12-01"}), asked=frozenset({"ORD-1042"}))
+    kept = text_excerpt(text, Compaction(), salience)
+    numbers = {k.number for k in kept if k.why not in ("head", "tail", "omitted", "blank")}
+    assert {1235, 2501} <= numbers
+    assert not _is_noise(lines[1234])
