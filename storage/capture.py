@@ -16,7 +16,8 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, Literal, Mapping, NamedTuple, Sequence, overload
 
-from sqlalchemy import Connection, bindparam, func, insert, select
+from sqlalchemy import Connection, String, bindparam, func, insert, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DataError, IntegrityError
 
 from policies.canonical import fast_canonical_json
@@ -32,6 +33,7 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
+from storage.path_reads import PREVIOUS_RUN_WINDOW, PathReads
 from storage.record_types import (
     CapturedThenFailed,
     IngestResult,
@@ -39,6 +41,7 @@ from storage.record_types import (
     UnknownParentRequest,
     UnstorableValue,
 )
+from storage.run_outcomes import RunOutcomes
 from storage.schema import (
     Blob,
     Conversation,
@@ -48,8 +51,6 @@ from storage.schema import (
     ToolArtifact,
     ToolCall,
 )
-from storage.path_reads import PathReads
-from storage.run_outcomes import RunOutcomes
 
 SIBLING_COUNT_BOUND = 10_000
 INGEST_ATTEMPTS = 3
@@ -71,6 +72,22 @@ _SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the par
            _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
 )
 _SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
+# PostgreSQL: the three reads above and the previous run among the path's last leaves, in one round trip
+# (each is a statement of its own on SQLite, where a statement costs no trip).
+_PATH_STATE = text(
+    "SELECT (SELECT count(*) FROM (SELECT conversation_nodes.node_id FROM conversation_nodes"
+    "        JOIN tool_artifacts ON tool_artifacts.node_id = conversation_nodes.node_id"
+    "        WHERE conversation_nodes.conversation_id = :conversation LIMIT :bound) AS members),"
+    " ARRAY(SELECT child_run.id FROM model_runs AS child_run"
+    "       JOIN model_runs AS parent_run ON child_run.parent_request_id = parent_run.id"
+    "       WHERE child_run.parent_conversation_id = :conversation AND child_run.tenant = :tenant"
+    "       AND parent_run.conversation_id = :conversation AND parent_run.tenant = :tenant"
+    "       AND (CAST(:own_parent AS VARCHAR) IS NULL OR child_run.parent_request_id <> :own_parent)),"
+    " previous.tokens_original, previous.leaf_node_id, previous.id, previous.conversation_id"
+    " FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT tokens_original, leaf_node_id, id, conversation_id"
+    "       FROM model_runs WHERE leaf_node_id = ANY(:leaves) AND tokens_original IS NOT NULL"
+    "       ORDER BY started_at DESC LIMIT 1) AS previous ON true"
+).bindparams(bindparam("leaves", type_=ARRAY(String)))
 
 _CONVERSATIONS = Conversation.__table__
 # PostgreSQL: a conversation whose last activity is this recent is share-locked by a capture, not touched
@@ -203,13 +220,17 @@ class Capture(PathReads, RunOutcomes):
         path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
         observed, owners, rehydrated = self._path_facts(connection, run.tenant, conversation, written.incarnation,
                                                         path_artifacts)
-        in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
-            "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
-        subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
         # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
         # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
         # retry) continues the one it repeats.
-        previous = self._previous_run(connection, [n.id for n in path])
+        leaves = [n.id for n in path]
+        if self.is_postgresql:
+            in_conversation, subagent_results, previous = self._path_state(connection, run, conversation, leaves)
+        else:
+            in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
+                "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
+            subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
+            previous = self._previous_run(connection, leaves)
         return IngestResult(
             tree_id=written.tree_id,
             conversation_id=conversation,
@@ -226,6 +247,20 @@ class Capture(PathReads, RunOutcomes):
             # a base for the assembly's stored decisions only within one conversation (deleted together)
             previous_request_id=previous[2] if previous and previous[3] == conversation else None,
         )
+
+    def _path_state(self, connection: Connection, run: RunStart, conversation: str,
+                    leaves: list[str]) -> tuple[int, dict[str, str], Any]:
+        """PostgreSQL: (the conversation's artifacts up to the bound, its subagents' results, the previous
+        run) in one statement, as `_ARTIFACTS_IN_CONVERSATION`, `_subagent_results` and `_previous_run`
+        give them; a second trip only when a subagent ran or no run ended among the last leaves."""
+        row = connection.execute(_PATH_STATE, {
+            "conversation": conversation, "tenant": run.tenant, "own_parent": run.parent_request_id,
+            "bound": SIBLING_COUNT_BOUND + len(leaves), "leaves": leaves[-PREVIOUS_RUN_WINDOW:]}).one()
+        in_conversation, children = row[0], list(row[1] or [])
+        previous = row[2:] if row[4] is not None else None
+        if previous is None and len(leaves) > PREVIOUS_RUN_WINDOW:
+            previous = self._previous_run(connection, leaves)
+        return in_conversation, self._results_of_runs(connection, run.tenant, children) if children else {}, previous
 
     @staticmethod
     def _parent_run(connection: Connection, run: RunStart) -> Any:

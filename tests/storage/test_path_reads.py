@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from policies.transcript import artifact_id_for, conversation_id_for, message_path
 from storage.blobs import DirectoryBlobStore
+from storage.capture import _ARTIFACTS_IN_CONVERSATION, SIBLING_COUNT_BOUND
 from storage.database import make_engine
 from storage.record_types import IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore
@@ -207,3 +208,40 @@ def test_retentions_claim_moves_the_incarnation_on(store: RecordStore) -> None:
     assert report.counts.get("tool_artifacts") == 1
     with store.engine.connect() as connection:
         assert connection.scalar(select(table.c.incarnation).where(table.c.id == conversation)) == before + 1
+
+
+def test_on_postgresql_the_path_state_is_the_three_reads_in_one(postgres_url: str, tmp_path: Path) -> None:
+    """The capture's one PostgreSQL statement (`_path_state`) answers as the three reads it stands for:
+    the conversation's artifacts (a branch off the path among them), its subagents' results (but the
+    asking subagent's own), and the previous run, near the path's end or only far back."""
+    store = make_store(postgres_url, tmp_path / "blobs")
+    try:
+        messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+        for n in range(45):
+            messages += _round(n)
+            store.ingest(message_path("acme", messages), _run(n))
+            if n in (3, 44):
+                store.finish_run(f"req_{n:032x}", RunOutcome(status="ok", latency_ms=1.0, tokens_original=n + 1))
+        store.ingest(message_path("acme", [*messages[:20], *_round(500)]), _run(500))  # a branch: a sibling
+        child = message_path("acme", [{"role": "user", "content": "subtask"}, *_round(99)])
+        store.ingest(child, _run(1000, parent=f"req_{44:032x}"))
+        path = message_path("acme", messages)
+        conversation = conversation_id_for("acme", None, path, "req_unused")
+        checked = []
+        for leaves, parent in (([n.id for n in path], None), ([n.id for n in path[:80]], None),
+                               ([n.id for n in path], f"req_{44:032x}")):
+            run = _run(2000, parent=parent)
+            with store.engine.connect() as connection:
+                one = store._path_state(connection, run, conversation, leaves)
+                separate = (connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
+                    "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(leaves)}),
+                    store._subagent_results(connection, "acme", conversation, parent),
+                    store._previous_run(connection, leaves))
+            assert (one[0], one[1], tuple(one[2]) if one[2] else None) == (
+                separate[0], separate[1], tuple(separate[2]) if separate[2] else None)
+            checked.append(one)
+        assert checked[0][0] == 46 and list(checked[0][1].values()) == ["bash"] and checked[0][2][2] == f"req_{44:032x}"
+        assert checked[1][2][2] == f"req_{3:032x}"  # the window held no finished run: looked for far back
+        assert checked[2][1] == {}  # the subagent asking is not its own subagent
+    finally:
+        store.engine.dispose()
