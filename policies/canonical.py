@@ -58,7 +58,7 @@ def compact_json(value: Any, *, finite: bool = False) -> str:
     1,000 messages is serialised in about a fifth of the time the walk alone takes.
     """
     if finite:
-        text = _orjson_text(value)
+        text = orjson_text(value)
         if text is not None:
             return text.decode()
     elif _plain(value):
@@ -72,13 +72,13 @@ def compact_json(value: Any, *, finite: bool = False) -> str:
 def compact_json_bytes(value: Any) -> bytes:
     """`compact_json(value, finite=True)` encoded as UTF-8, without decoding orjson's bytes and encoding
     them again (a request body is serialised so on every call)."""
-    text = _orjson_text(value)
+    text = orjson_text(value)
     if text is not None:
         return text
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _orjson_text(value: Any) -> bytes | None:
+def orjson_text(value: Any) -> bytes | None:
     """orjson's text of a value holding no NaN or infinity, where it is Python's; None elsewhere."""
     try:
         text = orjson.dumps(value)

@@ -28,10 +28,12 @@ grow, branch and get changed in place after being remembered.
 """
 from __future__ import annotations
 
+import operator
 import pickle
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
+import orjson
 from litellm import main as litellm_main
 from litellm.litellm_core_utils.prompt_templates.common_utils import (
     _tool_message_carries_media,
@@ -46,7 +48,7 @@ from litellm.responses.litellm_completion_transformation.tool_search import (
 from litellm.utils import jsonify_tools
 
 from gateway.upstream.litellm_client.base import litellm  # first: it sets LiteLLM's offline environment
-from policies.canonical import trim_oldest
+from policies.canonical import compact_json_bytes, orjson_text, trim_oldest
 
 
 def _key(prefix: bytes, message: Any) -> bytes:
@@ -83,10 +85,60 @@ def _json_types(value: Any) -> bool:
     return kind in (str, int, float, bool) or value is None
 
 
-def _entry(before: Any, sent: Any) -> tuple[Any, Any]:
-    """What the memo keeps of a prepared message: copies, one where `transform_request` kept the message."""
+def _entry(before: Any, sent: Any) -> tuple[Any, Any, list[bytes | None]]:
+    """What the memo keeps of a prepared message: copies, one where `transform_request` kept the message,
+    and a cell for the JSON text of the message as sent, written the first time a body holding it is
+    serialised (`SentMessages`)."""
     kept = _copied(before)
-    return kept, kept if sent is before else _copied(sent)
+    return kept, kept if sent is before else _copied(sent), [None]
+
+
+class SentMessages(list):  # type: ignore[type-arg]
+    """A body's messages as `Prepared.body` puts them there: the memo's own copies, each with the cell
+    that keeps its JSON text, so a body is serialised from the texts of the messages it sent before
+    and the new ones' (`json_body`). The cells go with the messages they were made for: a list changed
+    after it was made (a message added, removed or replaced) is serialised whole."""
+
+    def __init__(self, messages: list[Any], cells: list[list[bytes | None]]) -> None:
+        super().__init__(messages)
+        self.made = tuple(messages)
+        self.cells = cells
+
+    def texts(self) -> list[bytes] | None:
+        """Each message's JSON text (orjson's, where it is Python's), or None: the list changed since
+        it was made, or a message's text is not orjson's."""
+        if len(self) != len(self.made) or not all(map(operator.is_, self, self.made)):
+            return None
+        out = []
+        for message, cell in zip(self, self.cells):
+            text = cell[0]
+            if text is None:
+                text = cell[0] = orjson_text(message) or b""  # b"": not orjson's, serialised otherwise
+            if not text:
+                return None
+            out.append(text)
+        return out
+
+
+def json_body(body: Mapping[str, Any]) -> bytes:
+    """`compact_json_bytes(body)`, with the messages of a `SentMessages` list written from their kept
+    texts: a 1,000-message body is its new messages' serialisation and a join, not a megabyte written
+    again. The same bytes: orjson writes a dict as its keys' and values' texts joined, and what makes
+    orjson's text differ from Python's (`orjson_text`) never spans a `,` or `:` of the structure
+    (tests/gateway/upstream/test_litellm_messages.py checks both ways give the same bytes)."""
+    messages = body.get("messages")
+    texts = messages.texts() if type(messages) is SentMessages else None
+    if texts is None:
+        return compact_json_bytes(body)
+    parts = []
+    for key, value in body.items():
+        if type(key) is not str:
+            return compact_json_bytes(body)
+        text = b"[" + b",".join(texts) + b"]" if value is messages else orjson_text(value)
+        if text is None:
+            return compact_json_bytes(body)
+        parts.append(orjson.dumps(key) + b":" + text)
+    return b"{" + b",".join(parts) + b"}"
 
 
 def message_steps(route: Any, messages: list[Any]) -> list[Any]:
@@ -168,7 +220,7 @@ class MessageMemo:
         self.max_chars = max_chars
         self.chars = 0
         self._weights: dict[bytes, int] = {}
-        self._prepared: dict[bytes, tuple[Any, Any]] = {}
+        self._prepared: dict[bytes, tuple[Any, Any, list[bytes | None]]] = {}
         self._calls: dict[bytes, Any] = {}  # `remembered`
         self._routes: dict[tuple[Any, ...], bool] = {}  # whether the route's whole-list steps map each message
         self._lock = threading.Lock()
@@ -249,7 +301,7 @@ class MessageMemo:
             return result
         return _copied(kept)
 
-    def _remember(self, keys: list[bytes], entries: list[tuple[Any, Any]]) -> None:
+    def _remember(self, keys: list[bytes], entries: list[tuple[Any, Any, list[bytes | None]]]) -> None:
         if not keys:
             return
         weights = [len(key) + _chars(entry[1]) for key, entry in zip(keys, entries)]
@@ -273,7 +325,7 @@ class MessageMemo:
 class Prepared:
     """One request's messages, prepared partly from the memo (`MessageMemo.lookup`)."""
 
-    def __init__(self, memo: MessageMemo, known: list[tuple[Any, Any] | None], new_keys: list[bytes],
+    def __init__(self, memo: MessageMemo, known: list[tuple[Any, Any, list[bytes | None]] | None], new_keys: list[bytes],
                  before_new: list[Any]) -> None:
         self._memo, self._known, self._new_keys = memo, known, new_keys
         self._before_new = before_new
@@ -296,7 +348,8 @@ class Prepared:
             entries = [_entry(before, sent) for before, sent in zip(self._before_new, sent_new)]
         except TypeError:
             return None
-        fresh = iter(sent_new)
-        body["messages"] = [entry[1] if entry is not None else next(fresh) for entry in self._known]
+        fresh = iter(entries)  # the new messages as the memo keeps them: equal to `sent_new`'s
+        placed = [entry if entry is not None else next(fresh) for entry in self._known]
+        body["messages"] = SentMessages([entry[1] for entry in placed], [entry[2] for entry in placed])
         self._memo._remember(self._new_keys, entries)
         return body

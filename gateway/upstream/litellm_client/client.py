@@ -30,7 +30,7 @@ from gateway.upstream.errors import client_message
 from gateway.upstream.litellm_client import gemini
 from gateway.upstream.litellm_client.anthropic_fields import SseFrames, event_error, message_events, place_fields
 from gateway.upstream.litellm_client.base import PRICING_KEYS, litellm, map_error
-from gateway.upstream.litellm_client.chat_preparation import MessageMemo
+from gateway.upstream.litellm_client.chat_preparation import MessageMemo, json_body
 from gateway.upstream.litellm_client.direct import (
     OpenAIDirectCodec,
     direct_route,
@@ -42,7 +42,6 @@ from gateway.upstream.litellm_client.params import NAMED, chat_by_name, split_bo
 from gateway.upstream.litellm_client.prices import deployment_prices, usage_cost
 from gateway.upstream.litellm_client.streams import LiteLLMStream
 from gateway.upstream.seam import UPSTREAM_REQUEST_ID_HEADER, Api, Prices, UpstreamRequest, closing
-from policies.canonical import compact_json_bytes
 
 
 def _deployment_key(params: Mapping[str, Any]) -> str:
@@ -110,8 +109,8 @@ _OFF_LOOP_MESSAGES = 64  # transcripts this long are prepared for the direct tra
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
     """A body serialised as the openai SDK serialises it (parsed from the client's JSON and projected:
-    no NaN or infinity in it)."""
-    return compact_json_bytes(body)
+    no NaN or infinity in it); the messages the memo prepared before from the texts it kept (`json_body`)."""
+    return json_body(body)
 
 
 def _known_digests(request: UpstreamRequest) -> list[bytes | None] | None:

@@ -5,7 +5,8 @@ Each example is a conversation of several requests, as agents send them: the tra
 by a few messages, cut back and branched, and changed in place by the caller after a request was
 prepared. Every request goes through `openai_request` with a memo that lives across the conversation and
 without one (LiteLLM prepares every message), each on its own fresh copy of the body: the bytes of the
-body (key order included), the extra headers, a refusal, and what became of the caller's own message
+body (as the gateway sends them: key order included, the messages prepared before written from the
+texts the memo kept), the extra headers, a refusal, and what became of the caller's own message
 dicts must be the same.
 """
 from __future__ import annotations
@@ -19,15 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litellm.llms.openai.chat import gpt_transformation
 
-from gateway.upstream.litellm_client.chat_preparation import MessageMemo
+from gateway.upstream.litellm_client.chat_preparation import MessageMemo, SentMessages, json_body
 from gateway.upstream.litellm_client.direct import direct_route, openai_request
-from policies.canonical import exact_digest
+from policies.canonical import compact_json_bytes, exact_digest
 
 ROUTE = direct_route({"model": "openai/fake", "api_base": "http://upstream.test/v1", "api_key": "sk-upstream"})
 OPENAI = direct_route({"model": "gpt-4o-mini", "api_base": "https://api.openai.com/v1", "api_key": "sk-upstream"})
 
 texts = st.sampled_from(["", "hi", "Grüße, 東京", "line one\nline two", "x" * 300])
-scalars = st.one_of(st.none(), st.booleans(), st.sampled_from([0, 1, -1, 1.0, 0.0, -0.0, 2.5]), texts)
+scalars = st.one_of(st.none(), st.booleans(), st.sampled_from([0, 1, -1, 1.0, 0.0, -0.0, 2.5, 1e-07, 4.67e-05]),
+                    texts)
 image = st.one_of(st.just("https://example.test/a.png"), st.fixed_dictionaries(
     {"url": st.sampled_from(["https://example.test/b.png", "data:image/png;base64,AAAA"])},
     optional={"detail": st.sampled_from(["low", "high"]), "format": st.just("image/png")}))
@@ -97,7 +99,10 @@ def prepared(route: Any, messages: list[Any], extra: dict[str, Any], memo: Messa
     digests = [exact_digest(m) if type(m) is dict else None for m in messages] if by_digest else None
     try:
         built = openai_request(route, kwargs_of(route, messages, extra), True, memo=memo, digests=digests)
-        outcome: Any = None if built is None else (json.dumps(built[0]), built[1])
+        # the bytes the gateway sends: with a memo, the kept texts of the messages it prepared before
+        outcome: Any = None if built is None else (json_body(built[0]), built[1])
+        if built is not None:
+            assert outcome[0] == compact_json_bytes(built[0])
     except Exception as exc:
         outcome = (type(exc).__name__, str(exc))
     return outcome, json.dumps(messages)
@@ -234,3 +239,38 @@ def test_the_memo_holds_a_bounded_share_of_text() -> None:
     assert memo.chars <= 45_000 and len(memo._prepared) == 2
     memo.clear()
     assert memo.chars == 0 and memo._weights == {}
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
+              st.text(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=6), json_values, max_size=4), max_size=6),
+       st.dictionaries(st.sampled_from(["model", "tools", "stream", "temperature"]), json_values, max_size=3),
+       st.sampled_from(["as made", "serialised before", "appended", "replaced", "removed"]))
+def test_a_body_of_kept_message_texts_is_the_bytes_of_the_whole(messages: list[Any], fields: dict[str, Any],
+                                                                 change: str) -> None:
+    """`json_body` writes the messages from their kept texts, and whatever the values (floats Python writes
+    otherwise than orjson, integers past 64 bits, lone surrogates) or what became of the list after it was
+    made, the bytes are those of the whole body serialised at once."""
+    sent = SentMessages(messages, [[None] for _ in messages])
+    body = {**fields, "messages": sent}
+    if change == "serialised before":
+        json_body(body)
+    elif change == "appended":
+        sent.append({"role": "user", "content": "more"})
+    elif change == "replaced" and sent:
+        sent[0] = {"role": "user", "content": "other"}
+    elif change == "removed" and sent:
+        sent.pop()
+    try:
+        expected = compact_json_bytes(body)
+    except (TypeError, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            json_body(body)
+        return
+    assert json_body(body) == expected
