@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
-import redis.asyncio as aioredis
+if TYPE_CHECKING:  # imported by a Redis-backed instance only (see storage/redis_link.py)
+    import redis.asyncio as aioredis
 
 from storage.redis_link import RedisLink, Refusal
 
@@ -64,7 +65,11 @@ class RedisRateLimiter:
 
     def __init__(self, url: str | aioredis.Redis, prefix: str = "gw:rl:", clock: Callable[[], float] = time.time) -> None:
         self._owned = isinstance(url, str)  # a client passed in is closed by whoever made it
-        self._redis = aioredis.from_url(url) if isinstance(url, str) else url
+        if isinstance(url, str):
+            import redis.asyncio as aioredis
+            self._redis = aioredis.from_url(url)
+        else:
+            self._redis = url
         self._prefix = prefix
         self._clock = clock
 

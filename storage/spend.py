@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-import redis.asyncio as aioredis
+if TYPE_CHECKING:  # imported by a Redis-backed instance only (see storage/redis_link.py)
+    import redis.asyncio as aioredis
 
 from storage.redis_link import RedisLink, Refusal
 
@@ -89,7 +90,11 @@ return 0
 class RedisSpendCounters:
     def __init__(self, url: str | aioredis.Redis, prefix: str = "gw:spend:") -> None:
         self._owned = isinstance(url, str)  # a client passed in is closed by whoever made it
-        self._redis = aioredis.from_url(url) if isinstance(url, str) else url
+        if isinstance(url, str):
+            import redis.asyncio as aioredis
+            self._redis = aioredis.from_url(url)
+        else:
+            self._redis = url
         self._prefix = prefix
         self._add = self._redis.register_script(_ADD_EXISTING)
 

@@ -78,3 +78,16 @@ def test_safe_url_hides_the_password() -> None:
     assert safe_url("redis://:s3cret@cache:6380/1") == "redis://:***@cache:6380/1"
     assert safe_url("redis://user:s3cret@cache/0") == "redis://user:***@cache/0"
     assert safe_url("redis://cache:6379/0") == "redis://cache:6379/0"
+
+
+def test_a_gateway_without_redis_does_not_load_the_redis_package() -> None:
+    """The embedded default never talks to Redis, and the package costs 15 MB of resident memory:
+    it is imported by the first Redis-backed link or counter only."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gateway.app, gateway.cli, storage.ratelimit, storage.spend, storage.redis_link\n"
+            "print('redis' in sys.modules)")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip() == "False"
