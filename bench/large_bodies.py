@@ -26,7 +26,6 @@ import select
 import socket
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +36,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from memory_burst import RssSampler  # noqa: E402
 from scripts.processes import TENANT_KEY, Gateway, fake_upstream, free_port, open_fds, write_config  # noqa: E402
 
 ROUNDS_PER_TRANSCRIPT = 40
@@ -79,32 +81,6 @@ def _config(folder: Path, upstream: str, header_timeout: float) -> Path:
     return path
 
 
-class Sampler:
-    """The process's RSS every 50 ms in a thread: the highest and the samples of the last seconds."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.monotonic(), rss_mb(self.pid)))
-            time.sleep(0.05)
-
-    def __enter__(self) -> "Sampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def peak(self) -> float:
-        return max(value for _, value in self.samples)
-
-
 def memory(gateway: Gateway, clients: int, megabytes: float, rounds: int, settle: float) -> dict[str, Any]:
     pid = gateway.process.pid
     headers = {"authorization": f"Bearer {TENANT_KEY}"}
@@ -125,7 +101,7 @@ def memory(gateway: Gateway, clients: int, megabytes: float, rounds: int, settle
             statuses[status] = statuses.get(status, 0) + 1
 
     began = time.monotonic()
-    with Sampler(pid) as sampler:
+    with RssSampler(lambda: rss_mb(pid), every=0.05) as sampler:
         for round_ in range(rounds):
             # each round new conversations: the second round's transcripts extend the first's
             if round_:
