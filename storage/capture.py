@@ -14,10 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime, timedelta
-from typing import Any, Literal, Mapping, NamedTuple, Sequence, overload
+from typing import Any, Literal, Mapping, Sequence, overload
 
-from sqlalchemy import Connection, String, bindparam, func, insert, select, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Connection, bindparam, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
 
 from policies.canonical import fast_canonical_json
@@ -33,7 +32,7 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
-from storage.path_reads import PREVIOUS_RUN_WINDOW, PathReads
+from storage.conversation_reads import ConversationReads, Written
 from storage.record_types import (
     CapturedThenFailed,
     IngestResult,
@@ -52,7 +51,6 @@ from storage.schema import (
     ToolCall,
 )
 
-SIBLING_COUNT_BOUND = 10_000
 INGEST_ATTEMPTS = 3
 
 # The request path's statements, built once against the tables (Core on a plain connection: building
@@ -60,35 +58,7 @@ INGEST_ATTEMPTS = 3
 # that take a path's ids are in storage/path_reads.py.
 _RUNS, _MEMBERS = ModelRun.__table__, ConversationNode.__table__
 _ARTIFACTS = ToolArtifact.__table__
-_CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
 _PARENT_RUN = select(_RUNS.c.tenant, _RUNS.c.conversation_id).where(_RUNS.c.id == bindparam("id"))
-_ARTIFACTS_IN_CONVERSATION = select(func.count()).select_from(
-    select(_MEMBERS.c.node_id).join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id)
-    .where(_MEMBERS.c.conversation_id == bindparam("conversation")).limit(bindparam("bound")).subquery()
-)
-_SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the parent must still be there
-    select(_CHILD.c.id).join(_PARENT, _CHILD.c.parent_request_id == _PARENT.c.id)
-    .where(_CHILD.c.parent_conversation_id == bindparam("conversation"), _CHILD.c.tenant == bindparam("tenant"),
-           _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
-)
-_SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
-# PostgreSQL: the three reads above and the previous run among the path's last leaves, in one round trip
-# (each is a statement of its own on SQLite, where a statement costs no trip).
-_PATH_STATE = text(
-    "SELECT (SELECT count(*) FROM (SELECT conversation_nodes.node_id FROM conversation_nodes"
-    "        JOIN tool_artifacts ON tool_artifacts.node_id = conversation_nodes.node_id"
-    "        WHERE conversation_nodes.conversation_id = :conversation LIMIT :bound) AS members),"
-    " ARRAY(SELECT child_run.id FROM model_runs AS child_run"
-    "       JOIN model_runs AS parent_run ON child_run.parent_request_id = parent_run.id"
-    "       WHERE child_run.parent_conversation_id = :conversation AND child_run.tenant = :tenant"
-    "       AND parent_run.conversation_id = :conversation AND parent_run.tenant = :tenant"
-    "       AND (CAST(:own_parent AS VARCHAR) IS NULL OR child_run.parent_request_id <> :own_parent)),"
-    " previous.tokens_original, previous.leaf_node_id, previous.id, previous.conversation_id"
-    " FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT tokens_original, leaf_node_id, id, conversation_id"
-    "       FROM model_runs WHERE leaf_node_id = ANY(:leaves) AND tokens_original IS NOT NULL"
-    "       ORDER BY started_at DESC LIMIT 1) AS previous ON true"
-).bindparams(bindparam("leaves", type_=ARRAY(String)))
-
 _CONVERSATIONS = Conversation.__table__
 # PostgreSQL: a conversation whose last activity is this recent is share-locked by a capture, not touched
 # (see `Capture._hold_conversation`).
@@ -106,16 +76,6 @@ _INCARNATION = select(_CONVERSATIONS.c.incarnation).where(_CONVERSATIONS.c.id ==
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
 
 
-class _Written(NamedTuple):
-    """What a capture's transaction found and wrote."""
-
-    tree_id: str
-    conversation: str
-    new_node_ids: tuple[str, ...]
-    new_artifact_ids: tuple[str, ...]
-    incarnation: int  # the conversation's, read under its row's lock (storage/schema.py Conversation)
-
-
 def _open_calls(assistant: PathNode | None) -> _OpenCalls:
     """The calls of an assistant message (none without one), which the results after it answer."""
     if assistant is None:
@@ -124,7 +84,7 @@ def _open_calls(assistant: PathNode | None) -> _OpenCalls:
     return {str(c.get("id")): (assistant.id, c, author) for c in assistant.message.get("tool_calls") or []}
 
 
-class Capture(PathReads, RunOutcomes):
+class Capture(ConversationReads, RunOutcomes):
     def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
         if not path:
@@ -145,15 +105,15 @@ class Capture(PathReads, RunOutcomes):
             raise CapturedThenFailed(f"after the capture: {type(exc).__name__}: {first_line}") from exc
 
     @overload
-    def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> _Written: ...
+    def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> Written: ...
 
     @overload
     def _write_capture(self, path: Sequence[PathNode], run: RunStart, read: Literal[True]) -> IngestResult: ...
 
-    def _write_capture(self, path: Sequence[PathNode], run: RunStart, read: bool = False) -> _Written | IngestResult:
+    def _write_capture(self, path: Sequence[PathNode], run: RunStart, read: bool = False) -> Written | IngestResult:
         """The capture, committed; with `read`, and what the assembly reads about the path, in the same
         transaction."""
-        def capture(connection: Connection) -> _Written | IngestResult:
+        def capture(connection: Connection) -> Written | IngestResult:
             written = self._ingest(connection, path, run)
             return self._read_after_capture(connection, path, run, written) if read else written
 
@@ -169,7 +129,7 @@ class Capture(PathReads, RunOutcomes):
                     raise
         raise AssertionError("unreachable")
 
-    def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> _Written:
+    def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> Written:
         tenant = run.tenant
         tree_id = path[0].id
         conversation = conversation_id_for(tenant, run.session_label, path, run.request_id)
@@ -211,56 +171,8 @@ class Capture(PathReads, RunOutcomes):
             {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
         ])
         connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
-        return _Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
+        return Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
                         incarnation)
-
-    def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
-                            written: _Written) -> IngestResult:
-        conversation = written.conversation
-        path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
-        observed, owners, rehydrated = self._path_facts(connection, run.tenant, conversation, written.incarnation,
-                                                        path_artifacts)
-        # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
-        # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
-        # retry) continues the one it repeats.
-        leaves = [n.id for n in path]
-        if self.is_postgresql:
-            in_conversation, subagent_results, previous = self._path_state(connection, run, conversation, leaves)
-        else:
-            in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
-                "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
-            subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
-            previous = self._previous_run(connection, leaves)
-        return IngestResult(
-            tree_id=written.tree_id,
-            conversation_id=conversation,
-            new_node_ids=written.new_node_ids,
-            new_artifact_ids=written.new_artifact_ids,
-            path_artifact_ids=tuple(path_artifacts),
-            observed_at=observed,
-            owners=owners,
-            rehydrated=rehydrated,
-            sibling_artifacts=max(0, int(in_conversation or 0) - len(path_artifacts)),
-            subagent_results=subagent_results,
-            previous_original_tokens=int(previous[0] or 0) if previous else 0,
-            previous_leaf_position=next((n.position for n in path if previous and n.id == previous[1]), None),
-            # a base for the assembly's stored decisions only within one conversation (deleted together)
-            previous_request_id=previous[2] if previous and previous[3] == conversation else None,
-        )
-
-    def _path_state(self, connection: Connection, run: RunStart, conversation: str,
-                    leaves: list[str]) -> tuple[int, dict[str, str], Any]:
-        """PostgreSQL: (the conversation's artifacts up to the bound, its subagents' results, the previous
-        run) in one statement, as `_ARTIFACTS_IN_CONVERSATION`, `_subagent_results` and `_previous_run`
-        give them; a second trip only when a subagent ran or no run ended among the last leaves."""
-        row = connection.execute(_PATH_STATE, {
-            "conversation": conversation, "tenant": run.tenant, "own_parent": run.parent_request_id,
-            "bound": SIBLING_COUNT_BOUND + len(leaves), "leaves": leaves[-PREVIOUS_RUN_WINDOW:]}).one()
-        in_conversation, children = row[0], list(row[1] or [])
-        previous = row[2:] if row[4] is not None else None
-        if previous is None and len(leaves) > PREVIOUS_RUN_WINDOW:
-            previous = self._previous_run(connection, leaves)
-        return in_conversation, self._results_of_runs(connection, run.tenant, children) if children else {}, previous
 
     @staticmethod
     def _parent_run(connection: Connection, run: RunStart) -> Any:
@@ -311,23 +223,6 @@ class Capture(PathReads, RunOutcomes):
             # Verifies what is there (re-sealing a file under an older key, or in the clear, with the
             # current one); fsynced before the row commits.
             self.sealed_blobs.put(blobs[key])
-
-    def _subagent_results(
-        self, connection: Connection, tenant: str, conversation: str, own_parent: str | None
-    ) -> dict[str, str]:
-        """Results captured by subagent runs (of this tenant) whose parent run is in this conversation.
-
-        Driven from the subagent runs whose parent is in the conversation (`parent_conversation_id`,
-        indexed), so the cost follows how many there are, not the conversation's or the tenant's runs.
-        """
-        if own_parent is None:
-            child_ids = list(connection.scalars(_SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant}))
-        else:  # a subagent's own results are not private from itself
-            child_ids = list(connection.scalars(_SUBAGENT_RUNS_BUT, {"conversation": conversation, "tenant": tenant,
-                                                                  "own_parent": own_parent}))
-        if not child_ids:
-            return {}
-        return self._results_of_runs(connection, tenant, child_ids)
 
     def _node_rows(
         self,

@@ -30,7 +30,11 @@ SHIPPED = ("gateway", "policies", "storage")
 
 
 def _modules(package: str) -> list[Path]:
-    return sorted(p for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts)
+    """The package's own modules: not caches, nor what lives in hidden folders (the LiteLLM Proxy venv
+    bench/proxy_compare.py installs at bench/.litellm-proxy-venv)."""
+    root = REPO / package
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts
+                  and not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
 def _imported(path: Path) -> set[str]:

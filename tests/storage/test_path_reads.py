@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from policies.transcript import artifact_id_for, conversation_id_for, message_path
 from storage.blobs import DirectoryBlobStore
-from storage.capture import _ARTIFACTS_IN_CONVERSATION, SIBLING_COUNT_BOUND
+from storage.conversation_reads import _ARTIFACTS_IN_CONVERSATION, SIBLING_COUNT_BOUND
 from storage.database import make_engine
 from storage.record_types import IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore

@@ -1,0 +1,126 @@
+"""What a capture reads about its conversation for the assembly, once it has written the path: the
+artifacts' facts (storage/path_reads.py), how many artifacts the conversation holds off the path, its
+subagents' results, and the run the request continues. On SQLite after the capture's commit, off the
+write lock; on PostgreSQL in the capture's own transaction, the conversation's reads in one statement.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+from sqlalchemy import Connection, String, bindparam, func, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from policies.transcript import PathNode, artifact_id_for
+from storage.path_reads import PREVIOUS_RUN_WINDOW, PathReads
+from storage.record_types import IngestResult, RunStart
+from storage.schema import ConversationNode, ModelRun, ToolArtifact
+
+SIBLING_COUNT_BOUND = 10_000
+
+_RUNS, _MEMBERS, _ARTIFACTS = ModelRun.__table__, ConversationNode.__table__, ToolArtifact.__table__
+_CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
+_ARTIFACTS_IN_CONVERSATION = select(func.count()).select_from(
+    select(_MEMBERS.c.node_id).join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id)
+    .where(_MEMBERS.c.conversation_id == bindparam("conversation")).limit(bindparam("bound")).subquery()
+)
+_SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the parent must still be there
+    select(_CHILD.c.id).join(_PARENT, _CHILD.c.parent_request_id == _PARENT.c.id)
+    .where(_CHILD.c.parent_conversation_id == bindparam("conversation"), _CHILD.c.tenant == bindparam("tenant"),
+           _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
+)
+_SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
+# PostgreSQL: the three reads above and the previous run among the path's last leaves, in one round trip
+# (each is a statement of its own on SQLite, where a statement costs no trip).
+_PATH_STATE = text(
+    "SELECT (SELECT count(*) FROM (SELECT conversation_nodes.node_id FROM conversation_nodes"
+    "        JOIN tool_artifacts ON tool_artifacts.node_id = conversation_nodes.node_id"
+    "        WHERE conversation_nodes.conversation_id = :conversation LIMIT :bound) AS members),"
+    " ARRAY(SELECT child_run.id FROM model_runs AS child_run"
+    "       JOIN model_runs AS parent_run ON child_run.parent_request_id = parent_run.id"
+    "       WHERE child_run.parent_conversation_id = :conversation AND child_run.tenant = :tenant"
+    "       AND parent_run.conversation_id = :conversation AND parent_run.tenant = :tenant"
+    "       AND (CAST(:own_parent AS VARCHAR) IS NULL OR child_run.parent_request_id <> :own_parent)),"
+    " previous.tokens_original, previous.leaf_node_id, previous.id, previous.conversation_id"
+    " FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT tokens_original, leaf_node_id, id, conversation_id"
+    "       FROM model_runs WHERE leaf_node_id = ANY(:leaves) AND tokens_original IS NOT NULL"
+    "       ORDER BY started_at DESC LIMIT 1) AS previous ON true"
+).bindparams(bindparam("leaves", type_=ARRAY(String)))
+
+
+class Written(NamedTuple):
+    """What a capture's transaction found and wrote."""
+
+    tree_id: str
+    conversation: str
+    new_node_ids: tuple[str, ...]
+    new_artifact_ids: tuple[str, ...]
+    incarnation: int  # the conversation's, read under its row's lock (storage/schema.py Conversation)
+
+
+
+class ConversationReads(PathReads):
+    def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
+                            written: Written) -> IngestResult:
+        conversation = written.conversation
+        path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
+        observed, owners, rehydrated = self._path_facts(connection, run.tenant, conversation, written.incarnation,
+                                                        path_artifacts)
+        # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
+        # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
+        # retry) continues the one it repeats.
+        leaves = [n.id for n in path]
+        if self.is_postgresql:
+            in_conversation, subagent_results, previous = self._path_state(connection, run, conversation, leaves)
+        else:
+            in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
+                "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
+            subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
+            previous = self._previous_run(connection, leaves)
+        return IngestResult(
+            tree_id=written.tree_id,
+            conversation_id=conversation,
+            new_node_ids=written.new_node_ids,
+            new_artifact_ids=written.new_artifact_ids,
+            path_artifact_ids=tuple(path_artifacts),
+            observed_at=observed,
+            owners=owners,
+            rehydrated=rehydrated,
+            sibling_artifacts=max(0, int(in_conversation or 0) - len(path_artifacts)),
+            subagent_results=subagent_results,
+            previous_original_tokens=int(previous[0] or 0) if previous else 0,
+            previous_leaf_position=next((n.position for n in path if previous and n.id == previous[1]), None),
+            # a base for the assembly's stored decisions only within one conversation (deleted together)
+            previous_request_id=previous[2] if previous and previous[3] == conversation else None,
+        )
+
+    def _path_state(self, connection: Connection, run: RunStart, conversation: str,
+                    leaves: list[str]) -> tuple[int, dict[str, str], Any]:
+        """PostgreSQL: (the conversation's artifacts up to the bound, its subagents' results, the previous
+        run) in one statement, as `_ARTIFACTS_IN_CONVERSATION`, `_subagent_results` and `_previous_run`
+        give them; a second trip only when a subagent ran or no run ended among the last leaves."""
+        row = connection.execute(_PATH_STATE, {
+            "conversation": conversation, "tenant": run.tenant, "own_parent": run.parent_request_id,
+            "bound": SIBLING_COUNT_BOUND + len(leaves), "leaves": leaves[-PREVIOUS_RUN_WINDOW:]}).one()
+        in_conversation, children = row[0], list(row[1] or [])
+        previous = row[2:] if row[4] is not None else None
+        if previous is None and len(leaves) > PREVIOUS_RUN_WINDOW:
+            previous = self._previous_run(connection, leaves)
+        return in_conversation, self._results_of_runs(connection, run.tenant, children) if children else {}, previous
+
+    def _subagent_results(
+        self, connection: Connection, tenant: str, conversation: str, own_parent: str | None
+    ) -> dict[str, str]:
+        """Results captured by subagent runs (of this tenant) whose parent run is in this conversation.
+
+        Driven from the subagent runs whose parent is in the conversation (`parent_conversation_id`,
+        indexed), so the cost follows how many there are, not the conversation's or the tenant's runs.
+        """
+        if own_parent is None:
+            child_ids = list(connection.scalars(_SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant}))
+        else:  # a subagent's own results are not private from itself
+            child_ids = list(connection.scalars(_SUBAGENT_RUNS_BUT, {"conversation": conversation, "tenant": tenant,
+                                                                  "own_parent": own_parent}))
+        if not child_ids:
+            return {}
+        return self._results_of_runs(connection, tenant, child_ids)
+
