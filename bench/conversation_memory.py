@@ -1,45 +1,54 @@
 """What one gateway process keeps as the conversations it has served add up, and where it stops growing.
 
-    .venv/bin/python bench/conversation_memory.py                 # ~4-5 min on 2 busy CPUs
-    .venv/bin/python bench/conversation_memory.py --quick         # smoke run, ~30 s
-    .venv/bin/python bench/conversation_memory.py --checkpoints 1 100 1000 --requests 2 --json out.json
+    .venv/bin/python bench/conversation_memory.py                 # ~3.5 min on 2 busy CPUs
+    .venv/bin/python bench/conversation_memory.py --quick         # smoke run, ~20 s
+    .venv/bin/python bench/conversation_memory.py --checkpoints 100 1000 3000 --requests 2 --json out.json
 
 The real app (`gateway.app.create_app`, uvicorn in a thread of this process, SQLite in a temporary
 folder, tenant `acme` under the `coding-agent` policy) in front of the constant upstream
-(bench/constant_upstream.py, a process of its own). Conversations are served one after the other
-(--clients of them at a time): conversation c is a synthetic coding-agent session
-(bench/bench_transcripts.py `synthetic_session`, seed c, its first user message naming c, so no two
-conversations share a message past the system prompt) sent --requests times as an agent sends it,
---messages messages the first time and one tool round (2 messages) more each time after. One warm-up
-conversation comes first, outside the count; tracing (tracemalloc, --frames frames a trace) starts
-after it. Each time the count of conversations served reaches a --checkpoints figure, once the
-outcomes of the requests are written, `gc.collect()`, then:
+(bench/constant_upstream.py, a process of its own). Conversations are served one after the other,
+--clients of them at a time: conversation c is a synthetic coding-agent session
+(bench/bench_transcripts.py `synthetic_session`, seed c, its first user message naming c: its path
+shares no node with another's past the system prompt) sent --requests times as an agent sends it
+(compact JSON, as the SDKs write it), --messages messages the first time and one tool round (2
+messages) more each time after, each request after the answer to the one before. One warm-up
+conversation comes first, outside the count; tracemalloc starts after it (--frames frames a trace;
+each frame more slows the gateway down: 4 frames serve ~2.5x slower than 1). Each time the count of
+conversations served reaches a --checkpoints figure: once the gateway has written the outcomes of
+its requests, `gc.collect()`, then
 
-  conversations   distinct conversations served so far (K); `requests` chat completions sent in all
-  seconds         wall time of the conversations since the last checkpoint (the measuring left out)
-  traced MB       tracemalloc's current traced memory: Python allocations made since tracing began
-                  and still alive, i.e. what the conversations left behind
+  conversations   distinct conversations served so far (K); `requests`: chat completions sent in all
+  seconds         wall time of the conversations since the previous checkpoint (the measuring left out)
+  traced MB       tracemalloc's current traced memory: Python allocations made since tracing began and
+                  still alive, i.e. what the conversations left behind
   KB/conv         traced growth since the previous checkpoint over the conversations added
-  RSS MB          the process's VmRSS (this process: gateway, client and tracemalloc's own bookkeeping)
+  caches MB       the bytes reachable from every cache below at once (sys.getsizeof, each object once)
+  outside MB      traced MB less what the caches came to hold since tracing began: memory the
+                  conversations left outside every cache (a structure that keeps growing shows here)
+  RSS MB          the process's VmRSS (one process: the gateway, this client, tracemalloc's bookkeeping)
   trimmed         VmRSS after `malloc_trim(0)` (what gateway/ops/memory.py's Trimmer does after large
-                  bodies): the pages the process really holds on to
+                  bodies): the pages the process holds on to
   RSS KB/conv     trimmed RSS growth since the previous checkpoint over the conversations added
   tm MB           tracemalloc's bookkeeping, inside the RSS figures, not the gateway's
 
-Then, per cache (every `policies.memo` memo and `BoundedCache` of `policies.memo.registered()`, named by
-the module global or attribute that holds it, and the caches held by `app.state.services` and module
-globals that do not register: policies/canonical.py `NodeIds`, gateway/pipeline/assembly_bases.py
-`RecentAssemblies`, the direct transport's `MessageMemo`, gateway/wire/seen_messages.py `SeenMessages`),
-the --caches largest at the last checkpoint:
-  bound           its bound: entries (`maxsize`, `size`, `limit`) and, where it weighs its entries, weight
-  fill table      per checkpoint, how full it is: entries / entry bound, or weight / weight bound when
-                  that is the fuller (`w`); a cache that trims its oldest quarter (`NodeIds`,
-                  `SeenMessages`, `MessageMemo`) sits between 75 and 100% once full
-  MB table        per checkpoint, the bytes of the objects reachable from its entries (sys.getsizeof,
-                  each object once per cache; objects several caches hold are counted in each)
-and the allocation sites (the innermost frame in the gateway's code: gateway/, policies/, storage/) whose
-traced memory grew most between the last two checkpoints: where a structure that keeps growing lives.
---json PATH writes every figure (each checkpoint's every cache and top sites).
+Per cache: every `policies.memo` memo and `BoundedCache` (`policies.memo.registered()`), named by the
+module global or the `app.state.services` attribute that holds it, and the caches that do not register,
+found the same way: policies/canonical.py `NodeIds`, gateway/pipeline/assembly_bases.py
+`RecentAssemblies`, the direct transport's `MessageMemo` (gateway/upstream/litellm_client/
+chat_preparation.py), gateway/wire/seen_messages.py `SeenMessages`, gateway/wire/body_layouts.py
+`BodyLayouts`. The --caches that hold most at the last checkpoint are shown:
+  bound           entries (`maxsize`, `size`, `limit`) and, where it weighs its entries, weight (`w`:
+                  characters, or bytes of bodies)
+  entries         at the last checkpoint
+  fill table      per checkpoint: entries / entry bound, or weight / weight bound where that is the
+                  fuller (`w`); a cache that drops its oldest quarter past its bound (`NodeIds`,
+                  `SeenMessages`, `MessageMemo`) stays between 75 and 100% once full
+  MB table        per checkpoint, the bytes reachable from its entries (objects several caches hold are
+                  counted in each); `at bound`: the last checkpoint's over its fill, what it comes to once
+                  full with entries like these
+Last, the allocation sites whose traced memory grew most between the last two checkpoints, in KB per
+conversation added (the innermost frame in gateway/, policies/ or storage/ where --frames keeps one).
+--json PATH writes every figure: each checkpoint's every cache and those sites.
 """
 from __future__ import annotations
 
@@ -421,20 +430,18 @@ def settle() -> Callable[[], object] | None:
 
 def checkpoint(conversations: int, requests: int, seconds: float, services: Any, deep: bool) -> dict[str, Any]:
     trim = settle()
-    traced, _ = tracemalloc.get_traced_memory()
+    traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else math.nan
     row: dict[str, Any] = {"conversations": conversations, "requests": requests, "seconds": seconds,
                            "traced_bytes": traced, "rss_mb": vm_rss_mb()}
     if trim is not None:
         trim()
     row["rss_trimmed_mb"] = vm_rss_mb()
     row["tracemalloc_mb"] = tracemalloc.get_tracemalloc_memory() / MIB
-    started = time.monotonic()
     caches = named_caches(services)
     row["caches"] = cache_rows(caches, deep)
     if deep:  # every cache at once: what they hold together, each object once
         row["in_caches_bytes"], _ = reachable_bytes(itertools.chain.from_iterable(
             cache_contents(cache) for _, cache in caches))
-    row["caches_seconds"] = time.monotonic() - started
     return row
 
 
@@ -528,19 +535,63 @@ def sites_table(row: Mapping[str, Any], previous: Mapping[str, Any]) -> str:
 
 # --- main ------------------------------------------------------------------------
 
+def measure(args: argparse.Namespace, checkpoints: Sequence[int]) -> list[dict[str, Any]]:
+    """The rows: a baseline after the warm-up (K=0), then one per checkpoint."""
+    deep, sites_shown = not args.no_deep, 0 if args.no_trace else args.sites
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="conversation-memory-") as folder, Gateway(Path(folder)) as gateway:
+        serve(gateway, [WARM_UP], argparse.Namespace(**{**vars(args), "clients": 1}))
+        gc.collect()
+        if not args.no_trace:
+            tracemalloc.start(args.frames)
+        rows.append(checkpoint(0, 0, 0.0, gateway.services, deep))
+        sites = traced_by_site(tracemalloc.take_snapshot()) if sites_shown else {}
+        served, sent = 0, 0
+        for target in checkpoints:
+            started = time.monotonic()
+            sent += serve(gateway, range(served, target), args)
+            seconds = time.monotonic() - started
+            served = target
+            measuring = time.monotonic()
+            row = checkpoint(served, sent, seconds, gateway.services, deep)
+            if sites_shown:
+                now = traced_by_site(tracemalloc.take_snapshot())
+                row["sites"], sites = growth(sites, now, sites_shown), now
+            row["measure_seconds"] = time.monotonic() - measuring
+            rows.append(row)
+            print(f"  K={served}: {row['traced_bytes'] / MIB:.1f} MB traced, {row['rss_trimmed_mb']:.0f} MB RSS "
+                  f"(trimmed); {seconds:.0f} s serving, {row['measure_seconds']:.0f} s measuring", flush=True)
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+    return rows
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN made None: JSON has no NaN."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--checkpoints", type=int, nargs="+", help=f"counts of conversations to measure at "
                         f"(default {' '.join(map(str, DEFAULT_CHECKPOINTS))}; --quick {' '.join(map(str, QUICK_CHECKPOINTS))})")
     parser.add_argument("--messages", type=int, default=100, help="messages of a conversation's first request (100)")
     parser.add_argument("--requests", type=int, default=3, help="requests per conversation, a tool round more "
-                        "each (3)")
+                        "each (3; --quick 2)")
     parser.add_argument("--clients", type=int, default=4, help="conversations served at a time (4)")
     parser.add_argument("--frames", type=int, default=1, help="frames tracemalloc keeps per allocation (1: "
                         "each frame more costs; 4 serve ~2.5x slower)")
     parser.add_argument("--caches", type=int, default=16, help="caches shown: the largest at the last checkpoint")
     parser.add_argument("--sites", type=int, default=10, help="allocation sites shown (0: no snapshots)")
     parser.add_argument("--no-deep", action="store_true", help="skip the MB reachable from each cache")
+    parser.add_argument("--no-trace", action="store_true", help="no tracemalloc (nor sites): RSS without its "
+                        "bookkeeping, the gateway ~30%% faster; with --no-deep, nothing of the measuring in the RSS")
     parser.add_argument("--quick", action="store_true", help=f"checkpoints {QUICK_CHECKPOINTS}, 2 requests each")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args()
@@ -550,44 +601,19 @@ def main() -> None:
     print(f"command: {' '.join(sys.argv)}")
     print(f"conversations of {args.messages} messages, then {args.requests - 1} more request(s) of a tool round "
           f"more each; {args.clients} at a time; checkpoints {checkpoints}")
-    rows: list[dict[str, Any]] = []
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="conversation-memory-") as folder, Gateway(Path(folder)) as gateway:
-        serve(gateway, [WARM_UP], argparse.Namespace(**{**vars(args), "clients": 1}))
-        gc.collect()
-        tracemalloc.start(args.frames)
-        rows.append(checkpoint(0, 0, 0.0, gateway.services, not args.no_deep))
-        sites = traced_by_site(tracemalloc.take_snapshot()) if args.sites else {}
-        served, sent = 0, 0
-        for target in checkpoints:
-            started = time.monotonic()
-            sent += serve(gateway, range(served, target), args)
-            seconds = time.monotonic() - started
-            served = target
-            measuring = time.monotonic()
-            row = checkpoint(served, sent, seconds, gateway.services, not args.no_deep)
-            if args.sites:
-                now = traced_by_site(tracemalloc.take_snapshot())
-                row["sites"], sites = growth(sites, now, args.sites), now
-            row["measure_seconds"] = time.monotonic() - measuring
-            rows.append(row)
-            print(f"  K={served}: {row['traced_bytes'] / MIB:.1f} MB traced, {row['rss_trimmed_mb']:.0f} MB RSS "
-                  f"(trimmed), {seconds:.0f} s "
-                  f"serving, {row['measure_seconds']:.0f} s measuring "
-                  f"({row['caches_seconds']:.0f} s the caches)", flush=True)
-        tracemalloc.stop()
+    rows = measure(args, checkpoints)
     print(f"\nwall time {time.monotonic() - began:.0f} s\n")
     print(summary_table(rows))
     print()
     print(cache_tables(rows, args.caches))
-    if args.sites and len(rows) > 1:
+    if len(rows) > 1 and "sites" in rows[-1]:
         print()
         print(sites_table(rows[-1], rows[-2]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": sys.argv, "settings": {key: str(value) if isinstance(value, Path)
-                                         else value for key, value in vars(args).items()}, "rows": rows},
-                                        indent=1, default=str))
+        settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+        args.json.write_text(json.dumps(finite({"command": sys.argv, "settings": settings, "rows": rows}), indent=1))
         print(f"\nwrote {args.json}")
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import policies.tokens
 from bench.conversation_memory import (REPO, at_bound_bytes, cache_contents, cache_figures, cache_tables,
-                                       conversation, growth, is_cache, module_caches, outside_caches,
+                                       conversation, finite, growth, is_cache, module_caches, outside_caches,
                                        parse_checkpoints, per_conversation, reachable_bytes, request_body,
                                        site_of, summary_table)
 from gateway.wire.body_layouts import BodyLayouts
@@ -187,3 +187,8 @@ def test_the_tables_show_each_checkpoint() -> None:
     tables = cache_tables(rows, 1)
     assert "big" in tables and "small" not in tables
     assert "K=40" in tables and "50.0" in tables  # 40 MB at 80%: 50 MB at its bound
+
+
+def test_the_json_has_no_nan() -> None:
+    assert finite({"a": math.nan, "b": [1.5, (math.nan, "x")], "c": {"d": math.nan}}) == \
+        {"a": None, "b": [1.5, [None, "x"]], "c": {"d": None}}
