@@ -26,7 +26,11 @@ its requests, `gc.collect()`, then
   KB/conv         traced growth since the previous checkpoint over the conversations added
   caches MB       the bytes reachable from every cache below at once (sys.getsizeof, each object once)
   outside MB      traced MB less what the caches came to hold since tracing began: memory the
-                  conversations left outside every cache (a structure that keeps growing shows here)
+                  conversations left outside every cache (a structure that keeps growing shows here),
+                  and what sys.getsizeof does not see of what the caches hold: orjson (3.13) hands
+                  back `dumps`'s bytes in the buffer it wrote them in (a 38-byte text holds a 4 KB
+                  block, a 5 KB one 64 KB), so a cache of such texts shows here and at its allocation
+                  site (policies/canonical.py `orjson_text`) more than in its own MB
   RSS MB          the process's VmRSS (one process: the gateway, this client, tracemalloc's bookkeeping)
   trimmed         VmRSS after `malloc_trim(0)` (what gateway/ops/memory.py's Trimmer does after large
                   bodies): the pages the process holds on to
@@ -54,10 +58,12 @@ conversation added (the innermost frame in gateway/, policies/ or storage/ where
 --json PATH writes every figure: each checkpoint's every cache and those sites.
 
 Measured (2 CPUs shared with other work; 100-message conversations of 2 requests, the two long runs
-above): traced memory grew 690 KB a conversation over the first 100, 223-241 KB from 500 to 2,000 and
-60 KB from 2,000 to 3,000 (626 MB at 3,000: 617 MB in the caches, 9.6 MB outside them, 9.4 MB at
-2,000). Without tracemalloc the trimmed RSS was 372 MB after the warm-up, 989 MB at 2,000 conversations,
-1,058 MB at 3,000 and 1,079 MB at 4,000: 21 KB a conversation, the last caches filling.
+above). At cf1743a traced memory grew 690 KB a conversation over the first 100, 223-241 KB from 500 to
+2,000 and 60 KB from 2,000 to 3,000 (626 MB at 3,000: 617 MB in the caches, 9.6 MB outside them, 9.4 MB
+at 2,000). At 00cd703, where the direct transport's memo also keeps each message's JSON text (in
+orjson's buffers: ~4 KB a message, ~60 MB outside the caches' own MB once the memo is full), the
+trimmed RSS without tracemalloc was 365 MB after the warm-up, 1,055 MB at 2,000 conversations, 1,116 MB
+at 3,000 and 1,142 MB at 4,000: 27 KB a conversation, the last caches filling.
 """
 from __future__ import annotations
 
