@@ -26,8 +26,8 @@ def encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
 def lightened(found: tiktoken.Encoding) -> tiktoken.Encoding:
     """`found` without its Python dict of merge ranks, which tiktoken keeps beside the Rust core that
     encodes and decodes with its own copy. Only pickling reads the dict, and tiktoken pickles an encoding
-    of its registry (these are) by name. 31 MB of every process's resident memory for o200k_base (measured: load,
-    drop, collect, `malloc_trim`)."""
+    of its registry (these are) by name. 31 MB of every process's resident memory for o200k_base
+    (measured: load, drop, collect, `malloc_trim`)."""
     core = getattr(found, "_core_bpe", None)
     if core is not None and isinstance(getattr(found, "_mergeable_ranks", None), dict):
         found._mergeable_ranks = None  # type: ignore[assignment]

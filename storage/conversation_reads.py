@@ -57,8 +57,9 @@ class Written(NamedTuple):
     incarnation: int  # the conversation's, read under its row's lock (storage/schema.py Conversation)
 
 
-
 class ConversationReads(PathReads):
+    """The reads after a capture (`_read_after_capture`), on the capture's connection."""
+
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
                             written: Written) -> IngestResult:
         conversation = written.conversation
@@ -123,4 +124,3 @@ class ConversationReads(PathReads):
         if not child_ids:
             return {}
         return self._results_of_runs(connection, tenant, child_ids)
-

@@ -28,7 +28,6 @@ _PROBED_TAIL = 32  # the last nodes of a path whose state `_known_nodes` looks u
 _RUNS, _NODES, _MEMBERS = ModelRun.__table__, MessageNode.__table__, ConversationNode.__table__
 _CONVERSATIONS = Conversation.__table__
 _ARTIFACTS = ToolArtifact.__table__
-_CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
 
 
 # The conversations that hold an artifact not yet marked rehydrated: their incarnations move on.

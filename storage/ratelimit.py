@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 if TYPE_CHECKING:  # imported by a Redis-backed instance only (see storage/redis_link.py)
     import redis.asyncio as aioredis
 
-from storage.redis_link import RedisLink, Refusal
+from storage.redis_link import RedisLink, Refusal, plain_client
 
 WINDOW_SECONDS = 60
 
@@ -65,11 +65,7 @@ class RedisRateLimiter:
 
     def __init__(self, url: str | aioredis.Redis, prefix: str = "gw:rl:", clock: Callable[[], float] = time.time) -> None:
         self._owned = isinstance(url, str)  # a client passed in is closed by whoever made it
-        if isinstance(url, str):
-            import redis.asyncio as aioredis
-            self._redis = aioredis.from_url(url)
-        else:
-            self._redis = url
+        self._redis = plain_client(url) if isinstance(url, str) else url
         self._prefix = prefix
         self._clock = clock
 

@@ -53,6 +53,13 @@ def reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def plain_client(url: str) -> Any:
+    """A redis-py asyncio client of `url` with its defaults (the counters' own), the package imported here."""
+    import redis.asyncio as aioredis
+
+    return aioredis.from_url(url)
+
+
 def _client(url: str, timeout: float) -> Any:
     """A redis-py asyncio client of `url` with the link's timeouts; the package imported here, and its
     errors counted among the link's failures (OSError: a refused or reset socket)."""

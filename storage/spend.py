@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 if TYPE_CHECKING:  # imported by a Redis-backed instance only (see storage/redis_link.py)
     import redis.asyncio as aioredis
 
-from storage.redis_link import RedisLink, Refusal
+from storage.redis_link import RedisLink, Refusal, plain_client
 
 
 class SpendCounters(Protocol):
@@ -90,11 +90,7 @@ return 0
 class RedisSpendCounters:
     def __init__(self, url: str | aioredis.Redis, prefix: str = "gw:spend:") -> None:
         self._owned = isinstance(url, str)  # a client passed in is closed by whoever made it
-        if isinstance(url, str):
-            import redis.asyncio as aioredis
-            self._redis = aioredis.from_url(url)
-        else:
-            self._redis = url
+        self._redis = plain_client(url) if isinstance(url, str) else url
         self._prefix = prefix
         self._add = self._redis.register_script(_ADD_EXISTING)
 
