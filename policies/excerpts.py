@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import Iterator
 
 from policies.memo import memo
 from policies.policy import Compaction
@@ -122,11 +123,6 @@ def _term(raw: str) -> str | None:
     if token.isdigit():
         return token if len(token) >= 4 or raw.startswith("$") else None  # small bare numbers: line numbers, counts
     return token if len(token) >= 3 and any(ch.isdigit() for ch in token) else None
-
-
-# `_TERM`'s matches that hold a digit, the only ones `_term` keeps: the same matches, found without
-# visiting the words of a text (a digit-free run of `_TERM`'s characters fails at once, wherever it starts).
-_TERM_WITH_DIGIT = re.compile(r"(?=\$?[A-Za-z0-9_\-.,/:]*\d)" + _TERM.pattern)
 
 
 _remembered_terms = memo(maxsize=16384)(_terms_of)
@@ -245,32 +241,104 @@ def _take(lines: list[Line], budget: int, limit: int) -> list[Line]:
 _WEIGHTY = re.compile("(?:" + "|".join(compiled.pattern for _, value, compiled in _SALIENCE if value >= _MIN_WEIGHT)
                       + ")[^\n]*", re.I)
 _SCAN_FROM_LINES = 64  # fewer lines are scored one by one
+# A source of weight that reaches more lines than twice this many singles none of them out (a log where
+# every line says "error"): only the first and the last this many of its lines are scored.
+DENSE_LINES = 500
+
+
+def _first_and_last(forward: Iterator[int], backward: Iterator[int]) -> set[int]:
+    """The first `DENSE_LINES` distinct positions of `forward` (ascending), and if it holds more, the
+    last `DENSE_LINES` of `backward` (the same positions, descending): stops reading both once it has them."""
+    front: list[int] = []
+    for position in forward:
+        if not front or position != front[-1]:
+            front.append(position)
+            if len(front) > DENSE_LINES:
+                break
+    else:
+        return set(front)
+    chosen, last = set(front[:DENSE_LINES]), set()
+    for position in backward:
+        if position < front[DENSE_LINES] or len(last) == DENSE_LINES and position not in last:
+            break
+        last.add(position)
+    return chosen | last
+
+
+class _Joined:
+    """A result's lines joined by line breaks, and the line each offset of it falls in."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.text = "\n".join(texts)
+        self.starts, at = [], 0
+        for text in texts:
+            self.starts.append(at)
+            at += len(text) + 1
+
+    def line_of(self, offset: int) -> int:
+        return bisect_right(self.starts, offset) - 1
+
+    def ruled(self) -> set[int]:
+        """The lines a built-in rule weighs (`_WEIGHTY`)."""
+        return _first_and_last((self.line_of(found.start()) for found in _WEIGHTY.finditer(self.text)),
+                               (p for p in range(len(self.texts) - 1, -1, -1) if _WEIGHTY.search(self.texts[p])))
+
+    def holding(self, needle: str, folded: bool = False) -> set[int]:
+        """The lines that hold `needle` (casefolded lines with `folded`) as a substring."""
+        haystack = self.text
+        if folded:
+            haystack = haystack.casefold()
+            if len(haystack) != len(self.text):  # a character folded to several: offsets no longer line up
+                return _first_and_last((p for p, t in enumerate(self.texts) if needle in t.casefold()),
+                                       (p for p in range(len(self.texts) - 1, -1, -1)
+                                        if needle in self.texts[p].casefold()))
+        return _first_and_last(map(self.line_of, _finds(haystack, needle)),
+                               map(self.line_of, _rfinds(haystack, needle)))
+
+    def term_lines(self, terms: frozenset[str]) -> set[int]:
+        """The lines where a `_TERM` match may stand for one of `terms`: `_term` drops a match's commas,
+        so each term is looked for in the text without them, whose lines are the text's lines."""
+        if not terms:
+            return set()
+        bare = self if "," not in self.text else _Joined(self.text.replace(",", "").split("\n"))
+        return set().union(*(bare.holding(term) for term in terms))
+
+
+def _finds(haystack: str, needle: str) -> Iterator[int]:
+    at = haystack.find(needle)
+    while at >= 0:
+        yield at
+        at = haystack.find(needle, at + 1)
+
+
+def _rfinds(haystack: str, needle: str) -> Iterator[int]:
+    at = haystack.rfind(needle)
+    while at >= 0:
+        yield at
+        at = haystack.rfind(needle, 0, at + len(needle) - 1) if at else -1
 
 
 def _candidates(texts: list[str], salience: Salience) -> list[int] | range:
-    """The positions of `texts` that may weigh `_MIN_WEIGHT` or more under `salience`: every line that
+    """The positions of `texts` that may weigh `_MIN_WEIGHT` or more under `salience`: the lines that
     one of its sources of weight (`Salience.reasons`) can reach, found in the joined text by one search
     per source instead of one per line, since a line of a large result with none of them (most of
-    them) weighs at most a status field's 1. A superset: each candidate is scored as before, so the
-    lines kept are the same (tests/policies/test_excerpts.py checks it against scoring every line)."""
+    them) weighs at most a status field's 1. Each candidate is scored as before, so the lines kept are
+    the lines scoring every one keeps (tests/policies/test_excerpts.py checks it against scoring every
+    line), except where one source reaches more than 2 x `DENSE_LINES` lines: then it offers its first
+    and last `DENSE_LINES`, so a log of 400,000 lines that all say "error" costs what 1,000 cost, and
+    the one line there that names what the user asked about is still found."""
     if len(texts) < _SCAN_FROM_LINES:
         return range(len(texts))
-    joined = "\n".join(texts)
-    starts, at = [], 0
-    for text in texts:
-        starts.append(at)
-        at += len(text) + 1
-    hit = {bisect_right(starts, found.start()) - 1 for found in _WEIGHTY.finditer(joined)}
-    wanted = salience.terms | salience.asked
-    if wanted:
-        hit.update(bisect_right(starts, found.start()) - 1 for found in _TERM_WITH_DIGIT.finditer(joined)
-                   if _term(found.group()) in wanted)
-    if salience.phrases:
-        folded = [text.casefold() for text in texts]  # casefolding may change a line's length, not their count
-        hit.update(position for position, text in enumerate(folded) if any(p in text for p in salience.phrases))
-    if salience.patterns:
-        hit.update(position for position, text in enumerate(texts)
-                   if any(re.search(pattern, text) for pattern in salience.patterns))
+    joined = _Joined(texts)
+    hit = joined.ruled()
+    hit |= joined.term_lines(salience.asked)
+    hit |= joined.term_lines(salience.terms - salience.asked)
+    for phrase in salience.phrases:
+        hit |= joined.holding(phrase, folded=True)
+    for pattern in salience.patterns:
+        hit |= _first_and_last((p for p, text in enumerate(texts) if re.search(pattern, text)),
+                               (p for p in range(len(texts) - 1, -1, -1) if re.search(pattern, texts[p])))
     return sorted(hit)
 
 
