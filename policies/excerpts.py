@@ -374,11 +374,13 @@ def salient_lines(middle: list[Line], salience: Salience, budget: int, limit: in
     return chosen
 
 
-def text_excerpt(text: str, c: Compaction, salience: Salience = Salience(), window: int | None = None) -> list[Kept]:
+def text_excerpt(text: str, c: Compaction, salience: Salience = Salience(), window: int | None = None,
+                 folded: list[Line] | None = None) -> list[Kept]:
     """The opening and the end of a text by character budget, and between them the lines that carry
     a decision (conditions, negations, errors, status fields, what the conversation mentioned), each
-    with its line number; the gaps say which lines they leave out."""
-    everything = folded_lines(text)
+    with its line number; the gaps say which lines they leave out. `folded`: `folded_lines(text)`, when
+    the caller has them."""
+    everything = folded_lines(text) if folded is None else folded
     lines = [line for line in everything if not _is_noise(line.text)] or everything
     head = _take(lines, c.head_chars, c.max_line_chars)
     rest = lines[len(head):]
@@ -414,10 +416,18 @@ def _gap(raw: list[str], after: int, before: int) -> list[Kept]:
     return [Kept(0, f"[line {first} omitted]" if first == last else f"[lines {first}-{last} omitted]", "omitted")]
 
 
-def listing_excerpt(text: str, c: Compaction) -> list[Kept] | None:
-    lines = [line for line in folded_lines(text)]
-    if len(lines) < 12 or sum(1 for line in lines if _PATH_LIKE.match(line.text)) < 0.8 * len(lines):
+def listing_excerpt(text: str, c: Compaction, folded: list[Line] | None = None) -> list[Kept] | None:
+    """A listing (four lines in five path-like) as its count and its first entries; None for any other
+    text, known as soon as more than a fifth of its lines are not path-like. `folded`: `folded_lines(text)`."""
+    lines = folded_lines(text) if folded is None else folded
+    if len(lines) < 12:
         return None
+    path_like, needed = len(lines), 0.8 * len(lines)  # counted down: each other line takes one off
+    for line in lines:
+        if not _PATH_LIKE.match(line.text):
+            path_like -= 1
+            if path_like < needed:
+                return None
     dirs = sum(1 for line in lines if line.text.endswith("/") or line.text.startswith("d"))
     head = _take(lines, c.head_chars + c.tail_chars, c.max_line_chars)
     out = [Kept(0, f"listing of {len(lines)} entries ({dirs} directories)", "listing")]

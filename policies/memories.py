@@ -140,11 +140,12 @@ def excerpt(view: ArtifactView, rule: ToolRule, c: Compaction, terms: frozenset[
         lines = json_excerpt(text, c, salience, window)
         if lines is not None:
             return lines
+    folded = folded_lines(text)  # a listing's lines and a text's: folded once
     if kind in ("listing", "auto"):
-        lines = listing_excerpt(text, c)
+        lines = listing_excerpt(text, c, folded)
         if lines is not None:
             return lines
-    return text_excerpt(text, c, salience, window)
+    return text_excerpt(text, c, salience, window, folded)
 
 
 def _size_note(view: ArtifactView) -> str:
