@@ -36,6 +36,10 @@ Per target and transcript:
              --load-windows windows (in order, then in reverse, ...): on a shared machine whose
              speed drifts by 10-20% from minute to minute, and against a proxy whose throughput
              swings between 5-second windows, rows measured minutes apart do not compare;
+             and the target's CPU time (user + system, its process tree's, from /proc) over the
+             measured windows per request answered: a Python process held to one CPU by the GIL
+             serves at most 1000 / that many requests a second, so this is what a figure of
+             throughput comes down to (and it drifts with the machine less than requests/s);
   startup    spawn until the first successful chat completion;
   RSS        VmRSS of the process and its children after the load;
   burst      then, each target in turn (the others idle), --burst-clients (8) chat requests at once,
@@ -46,9 +50,9 @@ Per target and transcript:
              burst and its --burst-settle (10 s) wait, and after it, the lowest sample of the wait's
              last 5 s (its last half when shorter); the seconds until the last answer; any answer but
              a 200 chat completion is an error (the first one kept). --no-burst skips it; --quick
-             sends 2 bodies of 5 MiB and waits 4 s. On 2 CPUs the gateway (coding-agent) takes 2-3
-             minutes over the 8 x 30 MiB (its policy reads every line of every tool result: 14-16 s
-             for one such body alone), the other targets seconds.
+             sends 2 bodies of 5 MiB and waits 4 s. On 2 CPUs the gateway (coding-agent) takes about
+             a minute over the 8 x 30 MiB (51 s on 2026-12-03; its policy reads every line of every
+             tool result: about 5 s for one such body alone), the other targets seconds.
 The load generator runs in this process, on the same CPUs as the servers.
 Prints one table, the gateway (coding-agent, on SQLite and on PostgreSQL) against the
 floor (added latency, requests/s and RSS, as ratios: how far from the limit) and, with
@@ -96,6 +100,7 @@ TENANT_KEY = "sk-acme-1"
 UPSTREAM_KEY = "sk-upstream"
 LITELLM_MASTER_KEY = "sk-bench-master"
 CONCURRENCY = (20, 50)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PING = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "ping"}]}).encode()
 # Children talk to 127.0.0.1 only: never through a proxy from the environment.
 CHILD_ENV = {**{k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")},
@@ -162,10 +167,10 @@ class Server:
         except OSError:
             return "(no log)"
 
-    def rss_mb(self) -> float:
-        """VmRSS of the process and all its descendants; NaN once it has exited (not a 0 that reads as a figure)."""
+    def _tree(self) -> list[int]:
+        """The process and all its descendants (empty once it has exited)."""
         if self.process is None or self.process.poll() is not None:
-            return math.nan
+            return []
         children: dict[int, list[int]] = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
@@ -174,16 +179,40 @@ class Server:
                 except (OSError, IndexError, ValueError):
                     continue
                 children.setdefault(parent, []).append(int(entry.name))
-        total_kb, todo = 0, [self.process.pid]
+        found, todo = [], [self.process.pid]
         while todo:
             pid = todo.pop()
+            found.append(pid)
             todo += children.get(pid, [])
+        return found
+
+    def rss_mb(self) -> float:
+        """VmRSS of the process and all its descendants; NaN once it has exited (not a 0 that reads as a figure)."""
+        tree = self._tree()
+        if not tree:
+            return math.nan
+        total_kb = 0
+        for pid in tree:
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
             except OSError:
                 continue
             total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
         return total_kb / 1024
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time the process and its descendants have used; NaN once it has exited."""
+        tree = self._tree()
+        if not tree:
+            return math.nan
+        ticks = 0
+        for pid in tree:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / CLOCK_TICKS
 
 
 def upstream_server(folder: Path) -> Server:
@@ -382,6 +411,7 @@ class Window(NamedTuple):
     latencies: list[float]
     errors: list[str]
     seconds: float
+    cpu_seconds: float = math.nan  # the target's CPU time (its process tree's) over the window
 
 
 async def _drive(clients: list[httpx.AsyncClient], transcript: Transcript, rounds: Iterator[int],
@@ -422,7 +452,9 @@ async def _window(target: Server, transcript: Transcript, rounds: Iterator[int],
     try:
         if warmup > 0:
             await _drive(pool, transcript, rounds, warmup)
-        return await _drive(pool, transcript, rounds, seconds)
+        cpu = target.cpu_seconds()
+        window = await _drive(pool, transcript, rounds, seconds)
+        return window._replace(cpu_seconds=target.cpu_seconds() - cpu)
     finally:
         await asyncio.gather(*(client.aclose() for client in pool))
 
@@ -447,7 +479,16 @@ def load_summary(clients: int, windows: list[Window]) -> dict[str, Any]:
     return {"clients": clients, "seconds": elapsed, "windows": len(windows), "ok": len(latencies),
             "errors": len(errors), "first_error": errors[0] if errors else None,
             "rps": len(latencies) / elapsed if elapsed else math.nan,
-            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95)}
+            "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
+            "cpu_ms_per_request": cpu_ms_per_request(windows)}
+
+
+def cpu_ms_per_request(windows: list[Window]) -> float:
+    """The target's CPU time over its windows per request answered (what bounds its requests/s: a
+    process that holds the GIL for c ms a request serves at most 1000 / c of them a second)."""
+    answered = sum(len(window.latencies) for window in windows)
+    used = sum(window.cpu_seconds for window in windows)
+    return used * 1000 / answered if answered and not math.isnan(used) else math.nan
 
 
 def interleaved_loads(servers: dict[str, Server], transcript: Transcript, rounds: Iterator[int],
@@ -585,6 +626,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if "failed" in row and "sequential" in row:
             print(f"FAILED {row['transcript']} / {row['target']}: {row['failed'].splitlines()[0][:200]}")
+    print("\nCPU ms per answered request under load (the process tree's user + system time over the measured "
+          "windows; 1000 / it bounds the requests/s of a process the GIL holds to one CPU): @20 / @50 clients")
+    for row in rows:
+        loads = row.get("load", {})
+        if loads:
+            print(f"  {row['transcript']:<15} {row['target']:<29} "
+                  + " / ".join(f"{loads.get(str(n), {}).get('cpu_ms_per_request', math.nan):.2f}" for n in CONCURRENCY))
     print("\nadded median (ms) by request: resend of the transcript / transcript + 1 new tool round")
     for row in rows:
         added = row.get("sequential", {}).get("added_ms")
@@ -622,6 +670,10 @@ def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "rps20_ratio": ratio(g20["rps"], l20["rps"]),
                     "p95_20_ms": {"gateway": g20["p95_ms"], "litellm": l20["p95_ms"]},
                     "p95_20_ratio": ratio(g20["p95_ms"], l20["p95_ms"]),
+                    "cpu20_ms": {"gateway": g20.get("cpu_ms_per_request", math.nan),
+                                 "litellm": l20.get("cpu_ms_per_request", math.nan)},
+                    "cpu20_ratio": ratio(g20.get("cpu_ms_per_request", math.nan),
+                                         l20.get("cpu_ms_per_request", math.nan)),
                     **rss_comparison(gateway, litellm, "litellm")})
     return out
 
@@ -686,7 +738,8 @@ def print_comparisons(found: list[dict[str, Any]]) -> None:
               f"{c['added_median_ms']['litellm']:.2f} ms = {c['added_median_ratio']:.2f}x;  "
               f"rps@20 {c['rps20']['gateway']:.1f} / {c['rps20']['litellm']:.1f} = {c['rps20_ratio']:.2f}x;  "
               f"p95@20 {c['p95_20_ms']['gateway']:.1f} vs {c['p95_20_ms']['litellm']:.1f} ms "
-              f"({c['p95_20_ratio']:.2f}x)")
+              f"({c['p95_20_ratio']:.2f}x);  CPU ms/request@20 {c['cpu20_ms']['gateway']:.2f} / "
+              f"{c['cpu20_ms']['litellm']:.2f} = {c['cpu20_ratio']:.2f}x")
         print(f"  {'':<15} {rss_text(c, 'litellm')}")
 
 

@@ -1,0 +1,47 @@
+"""bench/proxy_compare.py's CPU per request: a target's CPU time is its whole process tree's (a worker's
+children included), read from /proc, and a load's figure is that time over the requests it answered.
+The processes here are short Python children; every wait is bounded (a few seconds)."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+from proxy_compare import Server, Window, cpu_ms_per_request, load_summary  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+
+# A parent that burns about 0.4 s of CPU, starts a child that burns as much, then both sleep.
+BURN = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+TREE = (f"import subprocess, sys, time\n{BURN}"
+        f"subprocess.Popen([sys.executable, '-c', {BURN + 'time.sleep(30)'!r}])\ntime.sleep(30)\n")
+
+
+def test_a_load_is_its_cpu_time_over_the_requests_it_answered() -> None:
+    windows = [Window([10.0] * 30, [], 1.0, cpu_seconds=0.3), Window([10.0] * 10, ["HTTP 500"], 1.0, cpu_seconds=0.1)]
+    assert cpu_ms_per_request(windows) == pytest.approx(10.0)  # 0.4 s over 40 answered
+    assert load_summary(20, windows)["cpu_ms_per_request"] == pytest.approx(10.0)
+    assert math.isnan(cpu_ms_per_request([Window([1.0], [], 1.0)]))  # not measured: no figure, not 0
+    assert math.isnan(cpu_ms_per_request([Window([], ["refused"], 1.0, cpu_seconds=0.2)]))
+
+
+def test_a_targets_cpu_time_counts_its_children(tmp_path: Path) -> None:
+    server = Server("tree", [sys.executable, "-c", TREE], 0, "", tmp_path / "tree.log")
+    server.process = subprocess.Popen(server.command, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while server.cpu_seconds() < 0.7 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server._tree()) == 2
+        assert 0.7 <= server.cpu_seconds() < 3.0  # both halves counted, and the sleeping adds nothing
+    finally:
+        server.stop()
+    assert math.isnan(server.cpu_seconds()) and math.isnan(server.rss_mb())
+
