@@ -70,9 +70,11 @@ class _Statements(NamedTuple):
 
 
 _POSTGRESQL = _Statements(
-    known_nodes=select(_NODES.c.id, _MEMBERS.c.node_id)
-    .select_from(_NODES.outerjoin(_MEMBERS, (_MEMBERS.c.node_id == _NODES.c.id)
-                                  & (_MEMBERS.c.conversation_id == bindparam("conversation"))))
+    # Driven by the ids (an index probe of the conversation's memberships per node): an outer join let
+    # the planner hash every membership of the conversation, a cost that grew with the conversation.
+    known_nodes=select(_NODES.c.id, select(_MEMBERS.c.node_id)
+                       .where(_MEMBERS.c.conversation_id == bindparam("conversation"),
+                              _MEMBERS.c.node_id == _NODES.c.id).scalar_subquery())
     .where(_NODES.c.id == _any("ids")),
     artifact_facts=select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant,
                           _ARTIFACTS.c.rehydrated_at.is_not(None))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 
 from policies.transcript import message_path
 from storage.capture import conversation_id_for
 from storage.record_types import RunOutcome, RunStart, as_utc
-from storage.schema import ModelRun, ToolArtifact
+from storage.schema import ConversationNode, MessageNode, ModelRun, ToolArtifact
 from storage.records import RecordStore
 from testkit.gateway import make_store
 
@@ -20,6 +20,14 @@ def _round(n: int, branch: int) -> list[dict]:
     return [{"role": "assistant", "content": None, "tool_calls": [
         {"id": call, "type": "function", "function": {"name": "bash", "arguments": f'{{"n": {n}}}'}}]},
             {"role": "tool", "tool_call_id": call, "content": f"output {n} of branch {branch}"}]
+
+
+def _plainly(connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
+    """(the nodes of `ids` that exist, those the conversation uses), by two plain queries."""
+    existing = set(connection.scalars(select(MessageNode.id).where(MessageNode.id.in_(ids))))
+    members = set(connection.scalars(select(ConversationNode.node_id).where(
+        ConversationNode.conversation_id == conversation, ConversationNode.node_id.in_(ids))))
+    return existing, members
 
 
 def test_the_probed_answer_is_the_looked_up_one(store: RecordStore) -> None:
@@ -41,7 +49,9 @@ def test_the_probed_answer_is_the_looked_up_one(store: RecordStore) -> None:
         conversation = conversation_id_for("acme", label, path, f"req_{step:032x}")
         ids = [n.id for n in path]
         with store.engine.connect() as connection:
-            assert store._known_nodes(connection, conversation, ids) == store._node_states(connection, conversation, ids)
+            looked_up = store._node_states(connection, conversation, ids)
+            assert looked_up == _plainly(connection, conversation, ids)
+            assert store._known_nodes(connection, conversation, ids) == looked_up
         result = store.ingest(path, RunStart(request_id=f"req_{step:032x}", tenant="acme", participant="p",
                                              model="fake", upstream_model="openai/fake", stream=False,
                                              session_label=label))
