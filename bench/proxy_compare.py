@@ -186,33 +186,33 @@ class Server:
             todo += children.get(pid, [])
         return found
 
-    def rss_mb(self) -> float:
-        """VmRSS of the process and all its descendants; NaN once it has exited (not a 0 that reads as a figure)."""
+    def _over_tree(self, read: Callable[[int], float]) -> float:
+        """`read(pid)` summed over the process and its descendants (a process gone meanwhile counts 0);
+        NaN once the process has exited (not a 0 that reads as a figure)."""
         tree = self._tree()
         if not tree:
             return math.nan
-        total_kb = 0
+        total = 0.0
         for pid in tree:
             try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
+                total += read(pid)
+            except (OSError, IndexError, ValueError):
                 continue
-            total_kb += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-        return total_kb / 1024
+        return total
+
+    def rss_mb(self) -> float:
+        """VmRSS of the process and all its descendants."""
+        def vm_rss_kb(pid: int) -> float:
+            status = Path(f"/proc/{pid}/status").read_text()
+            return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        return self._over_tree(vm_rss_kb) / 1024
 
     def cpu_seconds(self) -> float:
-        """User and system CPU time the process and its descendants have used; NaN once it has exited."""
-        tree = self._tree()
-        if not tree:
-            return math.nan
-        ticks = 0
-        for pid in tree:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        return ticks / CLOCK_TICKS
+        """User and system CPU time the process and its descendants have used."""
+        def cpu_ticks(pid: int) -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime, stime
+        return self._over_tree(cpu_ticks) / CLOCK_TICKS
 
 
 def upstream_server(folder: Path) -> Server:
