@@ -369,6 +369,7 @@ class Gateway:
     """The app in this process (uvicorn in a thread) in front of the constant upstream (a process)."""
 
     folder: Path
+    storage_url: str | None = None  # None: SQLite in `folder`
     upstream: Any = None
     server: Any = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -383,7 +384,8 @@ class Gateway:
             "models": [{"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": self.upstream.api_base,
                                                             "api_key": proxy_compare.UPSTREAM_KEY}}],
             "tenants": [{"id": "acme", "api_keys": [proxy_compare.TENANT_KEY], "policy": "coding-agent"}],
-            "storage": {"url": f"sqlite:///{self.folder / 'gateway.db'}", "blob_dir": str(self.folder / "blobs")},
+            "storage": {"url": self.storage_url or f"sqlite:///{self.folder / 'gateway.db'}",
+                        "blob_dir": str(self.folder / "blobs")},
             "log_level": "warning",
         }, "<bench>", str(self.folder))
         self.server = ServerThread(create_app(settings)).start()

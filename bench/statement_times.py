@@ -39,9 +39,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import httpx  # noqa: E402
 from sqlalchemy import event  # noqa: E402
 
-import proxy_compare  # noqa: E402
 from bench_transcripts import TOOLS, Transcript, synthetic_session  # noqa: E402
-from conversation_memory import wait_for_outcomes  # noqa: E402
+from conversation_memory import Gateway, wait_for_outcomes  # noqa: E402
 from scripts.processes import postgres_schema  # noqa: E402
 
 KIND_WORDS = 4  # a statement's kind: its first words
@@ -77,29 +76,6 @@ class StatementClock:
             self.slowest[kind] = (took, statement, parameters, many)
 
 
-def serve(storage_url: str, folder: Path, stack: ExitStack) -> tuple[str, dict[str, str], Any]:
-    """The app on `storage_url` in this process, before the constant upstream: (API base, headers, services)."""
-    from gateway.app import create_app
-    from gateway.config import parse_settings
-    from gateway.upstream.encodings import use_bundled_encodings
-    from testkit.fake_upstream import ServerThread
-
-    use_bundled_encodings()
-    upstream = proxy_compare.upstream_server(folder).start(60)
-    stack.callback(upstream.stop)
-    settings = parse_settings({
-        "models": [{"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": upstream.api_base,
-                                                        "api_key": proxy_compare.UPSTREAM_KEY}}],
-        "tenants": [{"id": "acme", "api_keys": [proxy_compare.TENANT_KEY], "policy": "coding-agent"}],
-        "storage": {"url": storage_url, "blob_dir": str(folder / "blobs")},
-        "log_level": "warning",
-    }, "<bench>", str(folder))
-    server = ServerThread(create_app(settings)).start()
-    stack.callback(server.stop)
-    headers = {"content-type": "application/json", "authorization": f"Bearer {proxy_compare.TENANT_KEY}"}
-    return f"{server.url}/v1", headers, server.server.config.app.state.services
-
-
 def explain(engine: Any, clock: StatementClock, kinds: int) -> None:
     """EXPLAIN (ANALYZE, BUFFERS) of the slowest SELECT and UPDATE of the `kinds` kinds that took longest."""
     with engine.connect() as connection:
@@ -132,9 +108,10 @@ def main() -> None:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="statement-times-")))
         url = stack.enter_context(postgres_schema(args.postgres) if args.postgres
                                   else nullcontext(f"sqlite:///{folder / 'gateway.db'}"))
-        api_base, headers, services = serve(url, folder, stack)
+        gateway = stack.enter_context(Gateway(folder, storage_url=url))
+        services = gateway.services
         clock = StatementClock(services.store.engine)
-        with httpx.Client(base_url=api_base, headers=headers, timeout=120, trust_env=False) as client:
+        with httpx.Client(base_url=gateway.api_base, headers=gateway.headers, timeout=120, trust_env=False) as client:
             def send(number: int) -> None:
                 response = client.post("/chat/completions", content=transcript.body(next(rounds) if number % 2 else None))
                 if response.status_code != 200:

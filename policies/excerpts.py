@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Iterator
+from functools import cached_property
+from itertools import accumulate
+from typing import Callable, Iterator
 
 from policies.memo import memo
 from policies.policy import Compaction
@@ -241,9 +243,7 @@ def _take(lines: list[Line], budget: int, limit: int) -> list[Line]:
 _WEIGHTY = re.compile("(?:" + "|".join(compiled.pattern for _, value, compiled in _SALIENCE if value >= _MIN_WEIGHT)
                       + ")[^\n]*", re.I)
 _SCAN_FROM_LINES = 64  # fewer lines are scored one by one
-# A source of weight that reaches more lines than twice this many singles none of them out (a log where
-# every line says "error"): only the first and the last this many of its lines are scored.
-DENSE_LINES = 500
+DENSE_LINES = 500  # a source of weight on over twice this many lines ("error" on all): its first and last scored
 
 
 def _first_and_last(forward: Iterator[int], backward: Iterator[int]) -> set[int]:
@@ -265,19 +265,32 @@ def _first_and_last(forward: Iterator[int], backward: Iterator[int]) -> set[int]
     return chosen | last
 
 
+def _lines_where(texts: list[str], holds: Callable[[str], object]) -> set[int]:
+    """`_first_and_last` of the positions of `texts` where `holds(text)`, tested one by one from each end."""
+    return _first_and_last((p for p, text in enumerate(texts) if holds(text)),
+                           (p for p in range(len(texts) - 1, -1, -1) if holds(texts[p])))
+
+
 class _Joined:
     """A result's lines joined by line breaks, and the line each offset of it falls in."""
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
         self.text = "\n".join(texts)
-        self.starts, at = [], 0
-        for text in texts:
-            self.starts.append(at)
-            at += len(text) + 1
+        self.starts = list(accumulate((len(text) + 1 for text in texts[:-1]), initial=0))
 
     def line_of(self, offset: int) -> int:
         return bisect_right(self.starts, offset) - 1
+
+    @cached_property
+    def _casefolded(self) -> str | None:
+        """The joined text casefolded, or None where a character folds to several (offsets would shift)."""
+        folded = self.text.casefold()
+        return folded if len(folded) == len(self.text) else None
+
+    @cached_property
+    def _without_commas(self) -> _Joined:
+        return self if "," not in self.text else _Joined(self.text.replace(",", "").split("\n"))
 
     def ruled(self) -> set[int]:
         """The lines a built-in rule weighs (`_WEIGHTY`)."""
@@ -286,23 +299,15 @@ class _Joined:
 
     def holding(self, needle: str, folded: bool = False) -> set[int]:
         """The lines that hold `needle` (casefolded lines with `folded`) as a substring."""
-        haystack = self.text
-        if folded:
-            haystack = haystack.casefold()
-            if len(haystack) != len(self.text):  # a character folded to several: offsets no longer line up
-                return _first_and_last((p for p, t in enumerate(self.texts) if needle in t.casefold()),
-                                       (p for p in range(len(self.texts) - 1, -1, -1)
-                                        if needle in self.texts[p].casefold()))
+        haystack = self._casefolded if folded else self.text
+        if haystack is None:
+            return _lines_where(self.texts, lambda text: needle in text.casefold())
         return _first_and_last(map(self.line_of, _finds(haystack, needle)),
                                map(self.line_of, _rfinds(haystack, needle)))
 
     def term_lines(self, terms: frozenset[str]) -> set[int]:
-        """The lines where a `_TERM` match may stand for one of `terms`: `_term` drops a match's commas,
-        so each term is looked for in the text without them, whose lines are the text's lines."""
-        if not terms:
-            return set()
-        bare = self if "," not in self.text else _Joined(self.text.replace(",", "").split("\n"))
-        return set().union(*(bare.holding(term) for term in terms))
+        """The lines where a `_TERM` match may stand for one of `terms` (sought without commas: `_term` drops them)."""
+        return set().union(*(self._without_commas.holding(term) for term in terms))
 
 
 def _finds(haystack: str, needle: str) -> Iterator[int]:
@@ -337,8 +342,7 @@ def _candidates(texts: list[str], salience: Salience) -> list[int] | range:
     for phrase in salience.phrases:
         hit |= joined.holding(phrase, folded=True)
     for pattern in salience.patterns:
-        hit |= _first_and_last((p for p, text in enumerate(texts) if re.search(pattern, text)),
-                               (p for p in range(len(texts) - 1, -1, -1) if re.search(pattern, texts[p])))
+        hit |= _lines_where(texts, lambda text, pattern=pattern: re.search(pattern, text))
     return sorted(hit)
 
 

@@ -44,4 +44,3 @@ def test_a_targets_cpu_time_counts_its_children(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert math.isnan(server.cpu_seconds()) and math.isnan(server.rss_mb())
-
