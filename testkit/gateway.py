@@ -9,6 +9,7 @@ import json
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,17 @@ WEATHER_TOOL = {
 TENANT_KEY = "sk-acme-1"
 OTHER_TENANT_KEY = "sk-globex-1"
 ADMIN_KEY = "sk-admin"
+
+
+def within_one_rate_window(seconds_needed: float = 15.0) -> None:
+    """Sleep into the next minute when fewer than `seconds_needed` remain of this one.
+
+    Rate limits count in fixed one-minute windows of the wall clock: a test whose
+    second request must be refused fails if the window turns between its requests.
+    """
+    left = 60.0 - time.time() % 60.0
+    if left < seconds_needed:
+        time.sleep(left + 0.05)
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from testkit.gateway import ADMIN_KEY, TENANT_KEY, RunningGateway, settings_for
+from testkit.gateway import ADMIN_KEY, TENANT_KEY, RunningGateway, settings_for, within_one_rate_window
 from testkit.fake_upstream import FakeUpstream, ServerThread
 
 USER = [{"role": "user", "content": "hello"}]
@@ -153,6 +153,7 @@ def test_a_key_limited_to_models(keyed: RunningGateway) -> None:
 
 def test_a_key_has_its_own_request_rate(keyed: RunningGateway) -> None:
     made = _create(keyed, limits={"requests_per_minute": 1})
+    within_one_rate_window()
     assert _chat(keyed, made["key"]).status_code == 200
     refused = _chat(keyed, made["key"])
     assert refused.status_code == 429

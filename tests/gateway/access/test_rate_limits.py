@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from storage.ratelimit import MemoryRateLimiter, RedisRateLimiter
-from testkit.gateway import OTHER_TENANT_KEY, TENANT_KEY, settings_for, start_gateway
+from testkit.gateway import OTHER_TENANT_KEY, TENANT_KEY, settings_for, start_gateway, within_one_rate_window
 from testkit.fake_upstream import FakeUpstream
 
 USER = [{"role": "user", "content": "hello"}]
@@ -53,6 +53,7 @@ def test_two_replicas_share_one_limit_through_redis(fake: FakeUpstream, sqlite_u
     one, server_one = _limited_gateway(fake, sqlite_url, tmp_path, redis)
     two, server_two = _limited_gateway(fake, sqlite_url, tmp_path, redis)
     try:
+        within_one_rate_window()
         with one.client() as a, two.client() as b:
             assert a.post("/v1/chat/completions", json={"model": "fake", "messages": USER}).status_code == 200
             ok = b.post("/v1/chat/completions", json={"model": "fake", "messages": USER})
@@ -72,6 +73,7 @@ def test_two_replicas_share_one_limit_through_redis(fake: FakeUpstream, sqlite_u
 def test_tokens_per_minute_counts_forwarded_tokens(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> None:
     running, server = _limited_gateway(fake, sqlite_url, tmp_path, None)
     try:
+        within_one_rate_window()
         with running.client(key=OTHER_TENANT_KEY) as http:
             small = http.post("/v1/chat/completions", json={"model": "fake", "messages": USER})
             assert small.status_code == 200 and small.headers["x-ratelimit-limit-tokens"] == "30"

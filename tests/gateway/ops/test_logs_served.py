@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from scripts.processes import Gateway, free_port
 from tests.conftest import REDIS_URL, TENANT_KEY, installed
 from testkit.fake_upstream import FakeUpstream
+from testkit.gateway import within_one_rate_window
 from tests.gateway.agents.test_claude_code import CLAUDE, FILES, agent
 from tests.gateway.agents.test_codex_cli import CODEX, COMMANDS, codex_config
 from tests.gateway.agents.test_codex_cli import model as codex_model
@@ -114,6 +115,7 @@ def drive(url: str, fake: FakeUpstream) -> dict[str, str]:
             model="fake", messages=USER))),
     }
     throttled = openai.OpenAI(base_url=f"{url}/v1", api_key=THROTTLED_KEY, max_retries=0)
+    within_one_rate_window()
     throttled.chat.completions.create(model="fake", messages=USER)  # its one request of the minute
     refusals["rate_limited"] = (openai.RateLimitError, lambda: throttled.chat.completions.create(model="fake",
                                                                                                  messages=USER))
