@@ -38,7 +38,7 @@ from gateway.edge.server_spans import TracingMiddleware
 from gateway.errors import GatewayError, InvalidRequest, NotFound, key_unavailable
 from gateway.ops.housekeeping import Housekeeping
 from gateway.ops.logs import serve_logging
-from gateway.ops.memory import Trimmer
+from gateway.ops.memory import MALLOC_TRIM, Trimmer
 from gateway.ops.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.ops.metrics import GatewayMetrics
 from gateway.ops.outages import counters as shared_counters
@@ -53,7 +53,7 @@ from gateway.upstream.deployments import RoutedUpstream
 from gateway.upstream.encodings import use_bundled_encodings
 from gateway.upstream.seam import UpstreamClient
 from gateway.upstream.tracing import TracedUpstream
-from policies.tokens import encoding
+from policies.tokens import encoding, lighten_loaded
 from storage.blobs import BlobStore, DirectoryBlobStore
 from storage.database import make_engine
 from storage.encryption import EnvelopeError, UnknownKey
@@ -124,6 +124,15 @@ def _on_hangup(reloader: Reloader) -> bool:
     except (ValueError, RuntimeError, NotImplementedError, AttributeError):
         return False
     return True
+
+
+def _lighten_encodings() -> None:
+    """After the warm-up: the encodings LiteLLM loaded lightened too, and the pages they held given back."""
+    gc.collect()
+    lighten_loaded()
+    gc.collect()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM()
 
 
 def _current_settings(app: FastAPI) -> Settings | None:
@@ -207,6 +216,7 @@ class _Lifespan:
         client = self.client = RoutedUpstream(traced, settings, counters.limiter)
         await client.warm_up()
         await aside(encoding)  # tiktoken's first load takes a few hundred ms
+        await aside(_lighten_encodings)
         self.shadows = Shadows(client, record_store, clock, self.metrics)
         app.state.services = Services(
             settings=settings,

@@ -6,11 +6,12 @@ import pickle
 
 import pytest
 import tiktoken
+import tiktoken.registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiktoken_ext.openai_public import cl100k_base, o200k_base
 
-from policies.tokens import count_text, encoding
+from policies.tokens import count_text, encoding, lighten_loaded
 
 REFERENCES = {"o200k_base": o200k_base, "cl100k_base": cl100k_base}
 
@@ -34,6 +35,17 @@ def test_the_encoding_counted_with_holds_no_python_copy_of_its_ranks(name: str) 
     assert lightened is tiktoken.get_encoding(name)  # the one LiteLLM gets from tiktoken too
     copied = pickle.loads(pickle.dumps(lightened))  # a registered encoding is pickled by its name
     assert copied.encode("fn main() {}") == lightened.encode("fn main() {}")
+
+
+def test_encodings_another_library_loaded_are_lightened_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiteLLM loads cl100k_base through tiktoken for its own counts: lighten_loaded drops its ranks too."""
+    loaded_elsewhere = tiktoken.Encoding(**cl100k_base())
+    monkeypatch.setitem(tiktoken.registry.ENCODINGS, "cl100k_base", loaded_elsewhere)
+    assert loaded_elsewhere._mergeable_ranks is not None
+    before = loaded_elsewhere.encode("def main():\n    return 0x1f  # é")
+    assert "cl100k_base" in lighten_loaded()
+    assert loaded_elsewhere._mergeable_ranks is None
+    assert loaded_elsewhere.encode("def main():\n    return 0x1f  # é") == before
 
 
 @settings(max_examples=150, deadline=None)
