@@ -47,7 +47,8 @@ def turns(size: int, rounds: int) -> list[str]:
     bodies = []
     for turn in range(rounds):
         for grown in (0, 2):
-            bodies.append(json.dumps({"model": "fake", "tools": TOOLS, "messages": session[:size + 2 * turn + grown]}))
+            # as the gateway hands it on: the deployment names the model, never the client's body
+            bodies.append(json.dumps({"tools": TOOLS, "messages": session[:size + 2 * turn + grown]}))
     return bodies
 
 

@@ -32,6 +32,7 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
+from storage.artifact_members import artifact_members, inserted_artifacts
 from storage.conversation_reads import ConversationReads, Written
 from storage.record_types import (
     CapturedThenFailed,
@@ -64,13 +65,14 @@ _CONVERSATIONS = Conversation.__table__
 # (see `Capture._hold_conversation`).
 ACTIVE_WINDOW = timedelta(seconds=1)
 _SHARE_ACTIVE_CONVERSATION = (
-    select(_CONVERSATIONS.c.incarnation)
+    select(_CONVERSATIONS.c.incarnation, _CONVERSATIONS.c.artifact_members)
     .where(_CONVERSATIONS.c.id == bindparam("id"), _CONVERSATIONS.c.collected == 0,
            _CONVERSATIONS.c.last_active_at >= bindparam("since"))
     .with_for_update(read=True)  # FOR SHARE
 )
 _INSERT_RUN = insert(_RUNS)
-_INCARNATION = select(_CONVERSATIONS.c.incarnation).where(_CONVERSATIONS.c.id == bindparam("id"))
+_INCARNATION = (select(_CONVERSATIONS.c.incarnation, _CONVERSATIONS.c.artifact_members)
+                .where(_CONVERSATIONS.c.id == bindparam("id")))
 
 # call id -> (assistant node, call, author): a result belongs to whoever made the call
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
@@ -136,7 +138,8 @@ class Capture(ConversationReads, RunOutcomes):
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
         opening = first_user_node(path)
-        incarnation = self._hold_conversation(connection, tenant, conversation, now, opening.id if opening else None)
+        incarnation, stored_members = self._hold_conversation(connection, tenant, conversation, now,
+                                                              opening.id if opening else None)
         parent = self._parent_run(connection, run)
         if run.parent_request_id is not None and parent is None:  # unknown, or another tenant's: one answer
             raise UnknownParentRequest(run.parent_request_id)
@@ -167,12 +170,17 @@ class Capture(ConversationReads, RunOutcomes):
         self._write_blobs(connection, blobs, now)
         self._insert_ignoring_conflicts(connection, ToolCall, self._call_rows(connection, tenant, asking, now))
         self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
-        self._insert_ignoring_conflicts(connection, ConversationNode, [
-            {"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members
-        ])
+        joining = [{"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members]
+        if self.is_postgresql:  # counted by the reads after the capture (storage/artifact_members.py)
+            self._insert_ignoring_conflicts(connection, ConversationNode, joining)
+            in_conversation = None
+        else:
+            joined = self._insert_ignoring_conflicts(connection, ConversationNode, joining, returning="node_id")
+            in_conversation = artifact_members(connection, conversation, stored_members,
+                                               inserted_artifacts(path, joined))
         connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
         return Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
-                        incarnation)
+                       incarnation, in_conversation)
 
     @staticmethod
     def _parent_run(connection: Connection, run: RunStart) -> Any:
@@ -346,7 +354,7 @@ class Capture(ConversationReads, RunOutcomes):
             connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
 
     def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime,
-                           opening_node: str | None) -> int:
+                           opening_node: str | None) -> tuple[int, int | None]:
         """Lock the conversation's row for this capture, which garbage collection and deletion take
         exclusively (so neither runs across a capture), and record the conversation's activity.
 
@@ -359,11 +367,13 @@ class Capture(ConversationReads, RunOutcomes):
         touch takes the row exclusively and moves its last activity. Neither holds a share lock that it
         then asks to upgrade: the share lock is taken only where no touch follows.
 
-        Returns the conversation's incarnation, read under the lock."""
+        Returns the conversation's incarnation and its counted artifact memberships (None: not counted),
+        read under the lock."""
         if self.is_postgresql:
-            incarnation = connection.scalar(_SHARE_ACTIVE_CONVERSATION, {"id": conversation,
-                                                                         "since": now - ACTIVE_WINDOW})
-            if incarnation is not None:
-                return int(incarnation)
+            held = connection.execute(_SHARE_ACTIVE_CONVERSATION, {"id": conversation,
+                                                                   "since": now - ACTIVE_WINDOW}).first()
+            if held is not None:
+                return int(held[0]), held[1]
         self._touch_conversation(connection, tenant, conversation, now, opening_node)
-        return int(connection.scalar(_INCARNATION, {"id": conversation}))
+        incarnation, counted = connection.execute(_INCARNATION, {"id": conversation}).one()
+        return int(incarnation), counted

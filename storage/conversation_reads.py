@@ -7,30 +7,27 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-from sqlalchemy import Connection, String, bindparam, func, select, text
+from sqlalchemy import Connection, String, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from policies.transcript import PathNode, artifact_id_for
 from storage.path_reads import PREVIOUS_RUN_WINDOW, PathReads
 from storage.record_types import IngestResult, RunStart
-from storage.schema import ConversationNode, ModelRun, ToolArtifact
+from storage.schema import ModelRun
 
 SIBLING_COUNT_BOUND = 10_000
 
-_RUNS, _MEMBERS, _ARTIFACTS = ModelRun.__table__, ConversationNode.__table__, ToolArtifact.__table__
+_RUNS = ModelRun.__table__
 _CHILD, _PARENT = _RUNS.alias("child_run"), _RUNS.alias("parent_run")
-_ARTIFACTS_IN_CONVERSATION = select(func.count()).select_from(
-    select(_MEMBERS.c.node_id).join(_ARTIFACTS, _ARTIFACTS.c.node_id == _MEMBERS.c.node_id)
-    .where(_MEMBERS.c.conversation_id == bindparam("conversation")).limit(bindparam("bound")).subquery()
-)
 _SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the parent must still be there
     select(_CHILD.c.id).join(_PARENT, _CHILD.c.parent_request_id == _PARENT.c.id)
     .where(_CHILD.c.parent_conversation_id == bindparam("conversation"), _CHILD.c.tenant == bindparam("tenant"),
            _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
 )
 _SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
-# PostgreSQL: the three reads above and the previous run among the path's last leaves, in one round trip
-# (each is a statement of its own on SQLite, where a statement costs no trip).
+# PostgreSQL: the conversation's artifact memberships up to a bound (on SQLite the capture keeps the
+# figure: storage/artifact_members.py), the reads above and the previous run among the path's last
+# leaves, in one round trip (each is a statement of its own on SQLite, where a statement costs no trip).
 _PATH_STATE = text(
     "SELECT (SELECT count(*) FROM (SELECT conversation_nodes.node_id FROM conversation_nodes"
     "        JOIN tool_artifacts ON tool_artifacts.node_id = conversation_nodes.node_id"
@@ -55,6 +52,7 @@ class Written(NamedTuple):
     new_node_ids: tuple[str, ...]
     new_artifact_ids: tuple[str, ...]
     incarnation: int  # the conversation's, read under its row's lock (storage/schema.py Conversation)
+    artifact_members: int | None  # SQLite: its tool results once the capture's are in; PostgreSQL: None
 
 
 class ConversationReads(PathReads):
@@ -72,9 +70,8 @@ class ConversationReads(PathReads):
         leaves = [n.id for n in path]
         if self.is_postgresql:
             in_conversation, subagent_results, previous = self._path_state(connection, run, conversation, leaves)
-        else:
-            in_conversation = connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
-                "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(path)})
+        else:  # counted by the capture (storage/artifact_members.py), bounded as the count is here
+            in_conversation = min(written.artifact_members or 0, SIBLING_COUNT_BOUND + len(path))
             subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
             previous = self._previous_run(connection, leaves)
         return IngestResult(
@@ -97,8 +94,8 @@ class ConversationReads(PathReads):
     def _path_state(self, connection: Connection, run: RunStart, conversation: str,
                     leaves: list[str]) -> tuple[int, dict[str, str], Any]:
         """PostgreSQL: (the conversation's artifacts up to the bound, its subagents' results, the previous
-        run) in one statement, as `_ARTIFACTS_IN_CONVERSATION`, `_subagent_results` and `_previous_run`
-        give them; a second trip only when a subagent ran or no run ended among the last leaves."""
+        run) in one statement, as storage/artifact_members.py counts them and `_subagent_results` and
+        `_previous_run` give them; a second trip only when a subagent ran or no run ended among the last leaves."""
         row = connection.execute(_PATH_STATE, {
             "conversation": conversation, "tenant": run.tenant, "own_parent": run.parent_request_id,
             "bound": SIBLING_COUNT_BOUND + len(leaves), "leaves": leaves[-PREVIOUS_RUN_WINDOW:]}).one()

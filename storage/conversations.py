@@ -56,6 +56,9 @@ class Conversations(StoreBase):
         self._insert_ignoring_conflicts(connection, ConversationNode,
                                         [{"conversation_id": conversation, "node_id": n} for n in nodes])
         connection.execute(delete(_MEMBERS).where(_MEMBERS.c.conversation_id == run_id))
+        # its tool results are counted again by the next capture (storage/artifact_members.py)
+        connection.execute(update(_CONVERSATIONS).where(_CONVERSATIONS.c.id == conversation)
+                           .values(artifact_members=None))
         connection.execute(update(_RUNS).where(_RUNS.c.id == run_id, _RUNS.c.tenant == tenant)
                            .values(conversation_id=conversation))
         connection.execute(update(_RUNS).where(_RUNS.c.parent_conversation_id == run_id, _RUNS.c.tenant == tenant)

@@ -164,8 +164,10 @@ class Retention(Deletion):
         claimed = connection.execute(
             update(Conversation).where(Conversation.id.in_(candidates), *idle)
             # A claimed conversation's records are about to go: its incarnation moves on, so what any
-            # process holds of it is read again (storage/path_reads.py `PathFacts`).
-            .values(collected=Conversation.collected.op("|")(bit), incarnation=Conversation.incarnation + 1)
+            # process holds of it is read again (storage/path_reads.py `PathFacts`), and its tool results
+            # are counted again (storage/artifact_members.py).
+            .values(collected=Conversation.collected.op("|")(bit), incarnation=Conversation.incarnation + 1,
+                    artifact_members=None)
             .returning(Conversation.id)
         ).scalars().all()
         return sorted(claimed), candidates[-1]

@@ -291,6 +291,9 @@ class Conversation(Base):
     # back whole). What a process keeps of a conversation's artifact facts is valid for one value
     # (storage/path_reads.py `PathFacts`), on every replica, since each capture reads it under the row's lock.
     incarnation: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # How many of its memberships are tool results (artifacts): captures add what they insert, under the
+    # row's lock. NULL: not counted yet (new, migrated, or claimed by retention); the next capture counts.
+    artifact_members: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 Index("ix_conversations_tenant_last_active", Conversation.tenant, Conversation.last_active_at)

@@ -40,7 +40,7 @@ class StoreBase:
         self.inline_max_bytes = inline_max_bytes
         self.instance_id = instance_id  # set by register_instance when a gateway serves
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
-        self._ignoring_conflicts: dict[type[Base], Any] = {}  # built once per table
+        self._ignoring_conflicts: dict[Any, Any] = {}  # built once per table (and RETURNING column)
         # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
         # SQLite's busy handler (1 ms, then 2, 5, ... up to 100 ms a try). The threads of one
         # process take turns here instead, handing over the moment a write commits; other
@@ -66,13 +66,19 @@ class StoreBase:
         return datetime.fromtimestamp(self.clock(), timezone.utc)
 
     def _insert_ignoring_conflicts(self, session: Session | Connection, model: type[Base],
-                                   rows: list[dict[str, Any]]) -> None:
+                                   rows: list[dict[str, Any]], returning: str | None = None) -> list[Any]:
+        """Insert the rows that are not there yet; with `returning` (a column's name), that column of
+        each row it made (in no particular order), else []."""
         if not rows:
-            return
-        statement = self._ignoring_conflicts.get(model)
+            return []
+        statement = self._ignoring_conflicts.get((model, returning))
         if statement is None:
-            statement = self._ignoring_conflicts[model] = self._insert(model.__table__).on_conflict_do_nothing()
-        session.execute(statement, rows)
+            statement = self._insert(model.__table__).on_conflict_do_nothing()
+            if returning is not None:
+                statement = statement.returning(model.__table__.c[returning])
+            self._ignoring_conflicts[(model, returning)] = statement
+        result = session.execute(statement, rows)
+        return list(result.scalars()) if returning is not None else []
 
 
 def _writer_lock_file(engine: Engine) -> str | None:

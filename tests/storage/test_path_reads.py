@@ -10,7 +10,8 @@ from sqlalchemy import select
 
 from policies.transcript import artifact_id_for, conversation_id_for, message_path
 from storage.blobs import DirectoryBlobStore
-from storage.conversation_reads import _ARTIFACTS_IN_CONVERSATION, SIBLING_COUNT_BOUND
+from storage.artifact_members import _ALL_ARTIFACT_MEMBERS
+from storage.conversation_reads import SIBLING_COUNT_BOUND
 from storage.database import make_engine
 from storage.record_types import IngestResult, RunOutcome, RunStart
 from storage.records import RecordStore
@@ -233,8 +234,8 @@ def test_on_postgresql_the_path_state_is_the_three_reads_in_one(postgres_url: st
             run = _run(2000, parent=parent)
             with store.engine.connect() as connection:
                 one = store._path_state(connection, run, conversation, leaves)
-                separate = (connection.scalar(_ARTIFACTS_IN_CONVERSATION, {
-                    "conversation": conversation, "bound": SIBLING_COUNT_BOUND + len(leaves)}),
+                separate = (min(connection.scalar(_ALL_ARTIFACT_MEMBERS, {"conversation": conversation}),
+                                SIBLING_COUNT_BOUND + len(leaves)),
                     store._subagent_results(connection, "acme", conversation, parent),
                     store._previous_run(connection, leaves))
             assert (one[0], one[1], tuple(one[2]) if one[2] else None) == (
