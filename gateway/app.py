@@ -126,9 +126,10 @@ def _on_hangup(reloader: Reloader) -> bool:
     return True
 
 
-def _lighten_encodings() -> None:
-    """After the warm-up: the encodings LiteLLM loaded lightened too, and the pages they held given back."""
-    gc.collect()
+def _load_encodings() -> None:
+    """After the warm-up: the gateway's encoding loaded (tiktoken's first load takes a few hundred ms), it
+    and those LiteLLM loaded lightened, and the pages their ranks held given back."""
+    encoding()
     lighten_loaded()
     gc.collect()
     if MALLOC_TRIM is not None:
@@ -215,8 +216,7 @@ class _Lifespan:
         traced = TracedUpstream(inner, tracing.tracer, tracing.capture_content) if tracing.tracer else inner
         client = self.client = RoutedUpstream(traced, settings, counters.limiter)
         await client.warm_up()
-        await aside(encoding)  # tiktoken's first load takes a few hundred ms
-        await aside(_lighten_encodings)
+        await aside(_load_encodings)
         self.shadows = Shadows(client, record_store, clock, self.metrics)
         app.state.services = Services(
             settings=settings,

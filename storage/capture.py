@@ -65,7 +65,7 @@ _CONVERSATIONS = Conversation.__table__
 # (see `Capture._hold_conversation`).
 ACTIVE_WINDOW = timedelta(seconds=1)
 _SHARE_ACTIVE_CONVERSATION = (
-    select(_CONVERSATIONS.c.incarnation, _CONVERSATIONS.c.artifact_members)
+    select(_CONVERSATIONS.c.incarnation)
     .where(_CONVERSATIONS.c.id == bindparam("id"), _CONVERSATIONS.c.collected == 0,
            _CONVERSATIONS.c.last_active_at >= bindparam("since"))
     .with_for_update(read=True)  # FOR SHARE
@@ -367,13 +367,13 @@ class Capture(ConversationReads, RunOutcomes):
         touch takes the row exclusively and moves its last activity. Neither holds a share lock that it
         then asks to upgrade: the share lock is taken only where no touch follows.
 
-        Returns the conversation's incarnation and its counted artifact memberships (None: not counted),
-        read under the lock."""
+        Returns the conversation's incarnation and its counted artifact memberships (None: not counted,
+        as always on PostgreSQL: storage/artifact_members.py), read under the lock."""
         if self.is_postgresql:
-            held = connection.execute(_SHARE_ACTIVE_CONVERSATION, {"id": conversation,
-                                                                   "since": now - ACTIVE_WINDOW}).first()
-            if held is not None:
-                return int(held[0]), held[1]
+            incarnation = connection.scalar(_SHARE_ACTIVE_CONVERSATION, {"id": conversation,
+                                                                         "since": now - ACTIVE_WINDOW})
+            if incarnation is not None:
+                return int(incarnation), None
         self._touch_conversation(connection, tenant, conversation, now, opening_node)
         incarnation, counted = connection.execute(_INCARNATION, {"id": conversation}).one()
         return int(incarnation), counted
