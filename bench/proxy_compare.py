@@ -41,7 +41,10 @@ Per target and transcript:
              serves at most 1000 / that many requests a second, so this is what a figure of
              throughput comes down to (and it drifts with the machine less than requests/s);
   startup    spawn until the first successful chat completion;
-  RSS        VmRSS of the process and its children after the load;
+  RSS        VmRSS of the process and its children after the load, once every target has been idle
+             for --rss-settle (3 s; --quick 1): what a process keeps, not what it frees a moment later
+             (the gateway trims the C heap after 2 s without a request); `rss_loaded_mb` in the JSON is
+             the reading right at the load's end;
   burst      then, each target in turn (the others idle), --burst-clients (8) chat requests at once,
              each its own conversation of 40 tool rounds whose body is at most --burst-mb MiB
              (30 MiB = 31,457,280 bytes, under the gateway's 32 MiB server.max_body_bytes; the
@@ -562,6 +565,9 @@ def measure_transcript(specs: list[TargetSpec], upstream: Server, transcript: Tr
         for name, why in failed.items():
             rows[name]["failed"] = why
         for name, server in servers.items():  # every target that was loaded, a failed load included
+            rows[name]["rss_loaded_mb"] = server.rss_mb()
+        time.sleep(args.rss_settle)  # every target idle for the same time: what each keeps, not what it frees late
+        for name, server in servers.items():
             rows[name]["rss_mb"] = server.rss_mb()
         print(f"{time.monotonic() - started:.0f} s", flush=True)
         if bodies:
@@ -814,21 +820,27 @@ def main() -> None:
     parser.add_argument("--burst-timeout", type=float, default=600.0,
                         help="seconds each burst request may take in all (default 600, the gateway's "
                              "server.upstream_timeout_seconds)")
+    parser.add_argument("--rss-settle", type=float,
+                        help="seconds every target is left idle after the loads before its RSS is read "
+                             "(default 3; --quick 1)")
     parser.add_argument("--no-burst", action="store_true", help="skip the burst")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few requests, short loads, one transcript")
     parser.add_argument("--json", type=Path, default=BENCH / "results" / "proxy_compare.json",
                         help="write every figure here (default bench/results/proxy_compare.json)")
     args = parser.parse_args()
     defaults = {"requests": (200, 20), "warmup": (20, 4), "duration": (15.0, 2.0), "load_warmup": (2.0, 0.5),
-                "load_windows": (3, 1), "burst_clients": (8, 2), "burst_mb": (30.0, 5.0), "burst_settle": (10.0, 4.0)}
+                "load_windows": (3, 1), "burst_clients": (8, 2), "burst_mb": (30.0, 5.0), "burst_settle": (10.0, 4.0),
+                "rss_settle": (3.0, 1.0)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
     if args.requests < 1 or args.warmup < 0 or args.duration <= 0 or args.load_warmup < 0 or args.workers < 1 \
             or args.load_windows < 1:
         parser.error("--requests, --workers and --load-windows must be >= 1, --duration > 0, --warmup and --load-warmup >= 0")
-    if args.burst_clients < 1 or args.burst_mb <= 0 or args.burst_settle < 0 or args.burst_timeout <= 0:
-        parser.error("--burst-clients must be >= 1, --burst-mb and --burst-timeout > 0, --burst-settle >= 0")
+    if args.burst_clients < 1 or args.burst_mb <= 0 or args.burst_settle < 0 or args.rss_settle < 0 \
+            or args.burst_timeout <= 0:
+        parser.error("--burst-clients must be >= 1, --burst-mb and --burst-timeout > 0, "
+                     "--burst-settle and --rss-settle >= 0")
 
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     info = machine()

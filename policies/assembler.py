@@ -68,7 +68,8 @@ def assemble(
         _decide_results(state, draft, epochs, latest, trailing)
         for rnd in state.rounds[:epochs.boundary]:
             if rnd.assistant not in epochs.pinned:
-                _compact_call_arguments(state, rnd.assistant, draft.out, draft.decisions, draft.sent_tokens)
+                _compact_call_arguments(state, rnd.assistant, draft.out, draft.decisions, draft.sent_tokens,
+                                        draft.omissions)
         _rehydrate_named(state, draft.out, draft.decisions, draft.sent_tokens)
     if policy.enabled and node_ids is not None and messages:
         _remember_decisions(state, draft, epochs, latest, trailing)
@@ -287,12 +288,20 @@ def _rehydrate_named(state: Assembly, out: list[dict[str, Any]], decisions: dict
                                     state.tokens[index], state.tokens[index])
 
 
-def _compact_call_arguments(state: Assembly, index: int, out: list[dict[str, Any]],
-                            decisions: dict[int, Decision], sent_tokens: dict[int, int]) -> None:
+def _compact_call_arguments(state: Assembly, index: int, out: list[dict[str, Any]], decisions: dict[int, Decision],
+                            sent_tokens: dict[int, int], omissions: Counter[str]) -> None:
+    """An old round's assistant turn with its long call arguments compacted and its prose cut to a
+    note (`Assembly.compacted_arguments`): `arguments_compacted` when arguments were, else
+    `thought_compacted`; the prose cut is counted as an `assistant_thought` omission."""
     found = state.compacted_arguments(index)
     if found is not None:
-        message, ref, tokens = found
+        message, ref, tokens, thought_chars = found
         out[index] = {**out[index], "tool_calls": message["tool_calls"]}
-        sent_tokens[index] = tokens  # `message` is the original with these calls, as `out[index]` is now
-        decisions[index] = Decision(index, "assistant", "arguments_compacted", "epoch", ref,
-                                    state.tokens[index], tokens)
+        if thought_chars:
+            out[index]["content"] = message["content"]
+        sent_tokens[index] = tokens  # `message` is the original with these calls and content, as `out[index]` is now
+        kept = f"reasoning: {thought_chars} chars omitted" if thought_chars else ""
+        decisions[index] = Decision(index, "assistant", "arguments_compacted" if ref else "thought_compacted",
+                                    "epoch", ref, state.tokens[index], tokens, kept)
+        if thought_chars:
+            omissions["assistant_thought"] += 1

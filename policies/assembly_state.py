@@ -21,6 +21,7 @@ from policies.policy import Policy, ToolRule
 from policies.result_facts import loose_digest, short_values, shown_revision
 from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
 from policies.supersession import later_results
+from policies.thoughts import compact_thought
 from policies.tokens import count_text, message_tokens
 from policies.transcript import short_ref, user_words
 from policies.visibility import Access, access
@@ -88,7 +89,7 @@ class Assembly(EpochReplay):
         self.superseder, self.retried_at, self.revision = later_results(records.artifacts, self.rule)
         self._index_duplicates()
         self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
-        self._arguments: dict[int, tuple[dict[str, Any], str, int] | None] = {}
+        self._arguments: dict[int, tuple[dict[str, Any], str | None, int, int] | None] = {}
         # what the decision loop of the conversation's latest earlier request decided (see `unchanged`)
         self.previous: decision_reuse.Decided | None = None
         if node_ids and messages:
@@ -206,9 +207,11 @@ class Assembly(EpochReplay):
             _NAMED_TERMS.put(self.node_ids[-1], (terms, asked, phrases))
         return terms, asked, phrases
 
-    def compacted_arguments(self, index: int) -> tuple[dict[str, Any], str, int] | None:
-        """The assistant message at `index` with its long call arguments compacted, the first
-        artifact they name and its tokens (None: nothing to compact)."""
+    def compacted_arguments(self, index: int) -> tuple[dict[str, Any], str | None, int, int] | None:
+        """The assistant message at `index` with its long call arguments compacted and the prose it
+        wrote beside its calls cut to a note (policies/thoughts.py), the first artifact its arguments
+        name (None: only the prose was cut), its tokens and the prose characters omitted (None:
+        nothing to compact)."""
         if index in self._arguments:
             return self._arguments[index]
         message = self.messages[index]
@@ -225,14 +228,20 @@ class Assembly(EpochReplay):
                     call = {**call, "function": {**function, "arguments": new}}
                     changed.append(ref)
             calls.append(call)
+        thought = None
+        if calls and self.c.thought_min_tokens is not None:
+            thought = compact_thought(message.get("content"), self.c.thought_min_tokens, self.encoding)
         found = None
-        if changed:
+        if changed or thought:
             compacted = {**message, "tool_calls": calls}
-            found = (compacted, changed[0], message_tokens(compacted, self.encoding))
+            if thought:
+                compacted["content"] = thought[0]
+            found = (compacted, changed[0] if changed else None, message_tokens(compacted, self.encoding),
+                     thought[1] if thought else 0)
         self._arguments[index] = found
         return found
 
-    def arguments_decided(self) -> dict[int, tuple[dict[str, Any], str, int] | None]:
+    def arguments_decided(self) -> dict[int, tuple[dict[str, Any], str | None, int, int] | None]:
         """Every `compacted_arguments` worked out so far (this request's or taken from the previous
         one's), for the conversation's next request (`decision_reuse.Decided.arguments`)."""
         return {i: found for i, found in self._arguments.items() if i < len(self.messages)}

@@ -41,7 +41,9 @@ class Records:
 class Decision:
     index: int
     role: str
-    action: str  # verbatim | compacted | stale | superseded | withheld | omitted | protected | arguments_compacted
+    # verbatim | compacted | stale | superseded | withheld | omitted | protected | rehydrated
+    # | arguments_compacted | thought_compacted (an old turn's prose cut to a note, no artifact named)
+    action: str
     reason: str
     artifact_id: str | None = None
     tokens_before: int = 0

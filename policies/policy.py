@@ -128,6 +128,9 @@ class Compaction(_Strict):
     clear_at_least_tokens: int = Field(2000, ge=0)  # each epoch must save at least this much
     min_tokens: int = Field(200, ge=0)  # smaller tool results stay verbatim
     argument_min_tokens: int = Field(300, ge=0)  # larger call arguments in old rounds are compacted
+    # The prose a turn wrote beside its calls, in old rounds, becomes a note of its length when it has at
+    # least this many tokens (policies/thoughts.py); None: kept as written.
+    thought_min_tokens: int | None = Field(None, ge=1)
     # Cache-aware epochs: a move must pay for itself. It makes the provider read
     # `resent` tokens afresh once (write price instead of read price) and saves
     # `saving` tokens on each later turn (at read price). Later turns are taken

@@ -31,10 +31,11 @@ _PRESETS: dict[str, dict] = {
         # the cache price model (no minimum tail or saving: a move that pays is made at
         # once, since waiting only leaves more to re-send); results under 200 tokens stay
         # whole (their memory saves too little to pay for a re-send in a short session);
-        # memories are short, a small result's shorter still (the raw bytes stay one call away).
+        # memories are short, a small result's shorter still (the raw bytes stay one call away);
+        # the prose a turn wrote beside its calls goes with its round, as a note of its length.
         "compaction": {"keep_recent_rounds": 1, "trigger_tokens": 0, "clear_at_least_tokens": 0,
-                       "min_tokens": 200, "argument_min_tokens": 120, "head_chars": 100, "tail_chars": 60,
-                       "salient_chars": 80, "excerpt_share": 0.05, "horizon": 3.0},
+                       "min_tokens": 200, "argument_min_tokens": 120, "thought_min_tokens": 30, "head_chars": 100,
+                       "tail_chars": 60, "salient_chars": 80, "excerpt_share": 0.05, "horizon": 3.0},
         "tools": [
             {"match": _CODE_READERS, "freshness": "session", "supersede_on": "arguments.path"},
             {"match": ["find", "find_file", "ls", "list_files", "search_dir", "search_file", "grep"],

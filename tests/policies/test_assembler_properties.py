@@ -2,7 +2,8 @@
 
 - the projection is a valid request: every call keeps exactly one answer, in order;
 - system and user messages, the latest round, and failed or pending results go through verbatim
-  (unless the policy withholds them for privacy);
+  (unless the policy withholds them for privacy); an assistant answer without calls is forwarded
+  whole or not at all (only an old turn's prose beside its calls may become a note);
 - the same inputs give the same bytes;
 - between epoch moves each forwarded request extends the previous one byte for byte.
 """
@@ -66,6 +67,7 @@ def policies(draw: Any, plain: bool = False) -> Policy:
         "min_tokens": draw(st.sampled_from([0, 10, 80])),
         "horizon": draw(st.sampled_from([3.0, 1000.0])),
         "argument_min_tokens": draw(st.sampled_from([5, 300])),
+        "thought_min_tokens": draw(st.sampled_from([None, 1, 30])),
         "head_chars": draw(st.sampled_from([40, 200])),
         "tail_chars": draw(st.sampled_from([20, 100])),
     }
@@ -124,6 +126,8 @@ def test_projection_is_valid_and_keeps_what_it_must(messages: list[dict[str, Any
             assert forwarded[index] == message  # verbatim, never dropped
         elif index >= last_round_start and index not in restricted:
             assert forwarded[index]["content"] == message["content"]  # the latest round
+        elif role == "assistant" and not message.get("tool_calls") and index in forwarded:
+            assert forwarded[index] == message  # an answer without calls: only the budget may drop it, whole
         elif role == "tool" and index not in restricted and tool_result_status(message["content"]) == "pending":
             assert forwarded.get(index, message)["content"] == message["content"] or \
                 projection.decisions[index].action == "superseded"

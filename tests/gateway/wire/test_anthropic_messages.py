@@ -35,9 +35,11 @@ def gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[Ru
     yield from anthropic_gateway(fake, storage_url, tmp_path)
 
 
-def anthropic_gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
-    """A gateway with claude-* routed to the fake's Messages API, tenant acme on an eager policy."""
-    (tmp_path / "eager.yaml").write_text(yaml.safe_dump(EAGER))
+def anthropic_gateway(fake: FakeUpstream, storage_url: str, tmp_path: Path,
+                      policy: dict[str, Any] = EAGER) -> Iterator[RunningGateway]:
+    """A gateway with claude-* routed to the fake's Messages API (and `fake` to its Chat API), tenant
+    acme on `policy` (an eager one by default)."""
+    (tmp_path / "eager.yaml").write_text(yaml.safe_dump(policy))
     models = [{"name": "claude-*", "litellm_params": {"model": "anthropic/claude-*", "api_base": fake.url,
                                                        "api_key": "sk-upstream"}},
               {"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": fake.api_base,
