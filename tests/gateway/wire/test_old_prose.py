@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import anthropic
+import httpx
 import openai
 import pytest
 
 from policies.thoughts import thought_note
 from testkit.fake_upstream import FakeUpstream
-from testkit.gateway import TENANT_KEY, RunningGateway
+from testkit.gateway import TENANT_KEY, RunningGateway, dashboard_sign_in
 from tests.gateway.wire.test_anthropic_messages import MODEL, anthropic_gateway
 
 POLICY = {"name": "eager-prose", "compaction": {"keep_recent_rounds": 1, "trigger_tokens": 0,
@@ -60,8 +61,13 @@ def test_anthropic_thinking_and_tool_use_blocks_stay_while_old_text_becomes_a_no
         assert blocks[2] == turn["content"][2]  # the call
         text = turn["content"][1]["text"]
         assert blocks[1] == ({"type": "text", "text": thought_note(len(text))} if number < 3 else turn["content"][1])
-    cut = assembly(gateway, response.headers["x-gateway-request-id"])
-    assert cut["omissions"]["assistant_thought"] == 3
+    request_id = response.headers["x-gateway-request-id"]
+    assert assembly(gateway, request_id)["omissions"]["assistant_thought"] == 3
+    with httpx.Client(base_url=gateway.url, timeout=30) as browser:  # the inspector names the cut
+        assert dashboard_sign_in(browser, TENANT_KEY).status_code in (200, 303)
+        page = browser.get(f"/dashboard/requests/{request_id}").text
+    assert page.count('data-action="thought_compacted"') == 3
+    assert f"reasoning: {len(THOUGHT) + 4} chars omitted" in page
 
 
 def test_responses_reasoning_items_and_message_ids_stay_while_old_text_becomes_a_note(
