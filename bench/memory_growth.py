@@ -10,8 +10,9 @@ its one conversation grows by a round a request), it waits 3 s, then signals the
 every registered cache, the message memo and the request path's bounded tables (bench/memory_hook),
 collects, trims, and reports what is still alive. Prints per step: requests so far, RSS before and
 after the clearing, pymalloc's allocated blocks, the objects the collector tracks (the start's frozen
-ones included), the message memos found, what the node-id table, the messages seen and the body
-layouts held before the clearing, and the types that grew most. Live memory that keeps growing with requests after
+ones included), the message memos found, what the node-id table, the messages seen, the body layouts
+and the recent assemblies (gateway/pipeline/assembly_bases.py) held before the clearing, and the types
+that grew most. Live memory that keeps growing with requests after
 the clearing is held outside the caches. --trace runs the gateway under tracemalloc (8 frames; several
 times slower) and prints the allocation sites that grew in the last window.
 """
@@ -75,7 +76,7 @@ def main() -> None:
                 print(f"policy {args.policy}, transcript {args.transcript}, {args.clients} clients, "
                       f"{args.seconds:g} s windows{', tracemalloc' if args.trace else ''}")
                 print(f"{'requests':>9} {'RSS MB':>8} {'cleared':>8} {'pymalloc MB':>12} {'gc objects':>11} "
-                      f"{'memos':>6} {'node ids':>9} {'seen':>7} {'layouts MB':>11}  grew most")
+                      f"{'memos':>6} {'node ids':>9} {'seen':>7} {'layouts MB':>11} {'recent':>7}  grew most")
                 requests, previous = 0, None
                 try:
                     for window in range(args.windows + 1):
@@ -91,7 +92,8 @@ def main() -> None:
                         held = found["held"]
                         print(f"{requests:>9} {found['rss_mb_before']:>8.1f} {found['rss_mb']:>8.1f} "
                               f"{found['pymalloc_mb']:>12.1f} {found['gc_objects']:>11} {found['message_memos']:>6} "
-                              f"{held['node_ids']:>9} {held['seen_messages']:>7} {held['body_layouts_mb']:>11.1f}  "
+                              f"{held['node_ids']:>9} {held['seen_messages']:>7} {held['body_layouts_mb']:>11.1f} "
+                              f"{held['recent_assemblies']:>7}  "
                               f"{grew}", flush=True)
                         previous = found
                     for site in (previous or {}).get("growth", []):

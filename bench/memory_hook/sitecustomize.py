@@ -1,7 +1,7 @@
 """Loaded by a gateway that bench/memory_growth.py starts (this folder on its PYTHONPATH): on SIGUSR1,
 it clears the process's registered caches (policies/memo.py `reset_memos`: every memoised function and
 `BoundedCache`), the upstream client's message memo and the request path's bounded tables (node ids,
-messages seen, body layouts: what each held goes in the report), collects, trims the C heap, and writes what is
+messages seen, body layouts, recent assemblies: what each held goes in the report), collects, trims the C heap, and writes what is
 still alive to the JSON file named by GATEWAY_MEMORY_HOOK: RSS, pymalloc's allocated blocks, the
 objects the collector tracks by type, and, when tracemalloc runs (PYTHONTRACEMALLOC), the allocation
 sites that grew since the previous signal. What survives the clearing is what the process keeps
@@ -53,9 +53,14 @@ if os.environ.get("GATEWAY_MEMORY_HOOK"):
         from gateway.wire.body_layouts import BodyLayouts
         from gateway.wire.seen_messages import SeenMessages
         from policies.canonical import NodeIds
-        held = {"node_ids": 0, "seen_messages": 0, "body_layouts_mb": 0.0}
+        from gateway.pipeline.assembly_bases import RecentAssemblies
+        held = {"node_ids": 0, "seen_messages": 0, "body_layouts_mb": 0.0, "recent_assemblies": 0}
         for found in gc.get_objects():
-            if isinstance(found, NodeIds):
+            if isinstance(found, RecentAssemblies):
+                held["recent_assemblies"] += len(found._items)
+                found._items.clear()
+                found.held = 0
+            elif isinstance(found, NodeIds):
                 held["node_ids"] += len(found._ids)
                 found._ids.clear()
             elif isinstance(found, SeenMessages):

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_script_reports_before_and_after_a_load() -> None:
     done = subprocess.run([sys.executable, str(REPO / "bench" / "memory_growth.py"), "--windows", "1",
-                           "--seconds", "1", "--clients", "2", "--policy", "passthrough"],
+                           "--seconds", "1", "--clients", "2", "--policy", "coding-agent"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines() if re.match(r"\s*\d+\s+\d", line)]
@@ -24,3 +24,4 @@ def test_the_script_reports_before_and_after_a_load() -> None:
         assert rss > 50 and cleared > 50 and pymalloc > 10  # a real process's figures
         assert int(row[5]) == 1  # the upstream client's message memo was found and cleared
     assert int(rows[1][6]) > 0 and int(rows[1][7]) > 0  # the node ids and messages seen it held, cleared
+    assert int(rows[1][9]) > 0  # and the recent assemblies

@@ -83,6 +83,24 @@ def test_a_decision_equal_to_its_bases_is_held_once() -> None:
     assert [d["index"] for d in stored_decisions(second)] == [2, 3, 4]
 
 
+def test_recent_assemblies_hold_a_bounded_number_of_decisions() -> None:
+    """Bounded by what the requests hold, not only by their count: the oldest go first, a request
+    whose base went is stored whole, and one heavier than the whole budget is not held."""
+    recent = RecentAssemblies(size=100, max_decisions=10)
+    records = {f"req_{n}": _record({1: _memory(f"one {n}"), 2: _memory(f"two {n}")}) for n in range(5)}
+    for request_id, record in records.items():  # 2 decisions + 2 replacements + 1 each
+        recent.remember(request_id, record)
+    assert len(recent) == 2 and recent.held == 10
+    assert recent.based(_record({1: _memory("one")}), "req_2").base_request_id is None  # dropped: whole
+    assert recent.based(_record({1: _memory("one")}), "req_4").base_request_id == "req_4"
+    recent.remember("req_4", records["req_4"])  # again: counted once
+    assert len(recent) == 2 and recent.held == 10
+    heavy = _record({i: _memory(f"m{i}") for i in range(6)})
+    recent.remember("req_heavy", heavy)
+    assert recent.based(_record({1: _memory("one")}), "req_heavy").base_request_id is None
+    assert len(recent) == 2 and recent.held == 10
+
+
 def test_past_the_deepest_base_the_digests_still_carry_over() -> None:
     recent = RecentAssemblies()
     previous = "req_0"
