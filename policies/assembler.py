@@ -297,11 +297,11 @@ def _compact_call_arguments(state: Assembly, index: int, out: list[dict[str, Any
     if found is not None:
         message, ref, tokens, thought_chars = found
         out[index] = {**out[index], "tool_calls": message["tool_calls"]}
+        kept = ""
         if thought_chars:
             out[index]["content"] = message["content"]
+            kept = f"reasoning: {thought_chars} chars omitted"
+            omissions["assistant_thought"] += 1
         sent_tokens[index] = tokens  # `message` is the original with these calls and content, as `out[index]` is now
-        kept = f"reasoning: {thought_chars} chars omitted" if thought_chars else ""
         decisions[index] = Decision(index, "assistant", "arguments_compacted" if ref else "thought_compacted",
                                     "epoch", ref, state.tokens[index], tokens, kept)
-        if thought_chars:
-            omissions["assistant_thought"] += 1
