@@ -65,7 +65,7 @@ class _Statements(NamedTuple):
     known_nodes: Any  # (conversation, ids) -> (node id, the node's id again if the conversation uses it)
     artifact_facts: Any  # (ids) -> (id, observed_at, owner_participant, whether a model had it back whole)
     previous_run: Any  # (leaves) -> the latest run that ended on one of them with tokens recorded
-    runs_ending_at: Any  # (tenant, leaves) -> (leaf, run id), oldest first
+    runs_ending_at: Any  # (tenant, leaves) -> (leaf, its latest run's id or NULL), a row per leaf
     results_of_runs: Any  # (tenant, runs) -> (the sha256 of a result as sent, its tool's name)
 
 
@@ -79,12 +79,18 @@ _POSTGRESQL = _Statements(
     artifact_facts=select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant,
                           _ARTIFACTS.c.rehydrated_at.is_not(None))
     .where(_ARTIFACTS.c.id == _any("ids")),
-    previous_run=select(_RUNS.c.tokens_original, _RUNS.c.leaf_node_id, _RUNS.c.id, _RUNS.c.conversation_id)
-    .where(_RUNS.c.leaf_node_id == _any("leaves"), _RUNS.c.tokens_original.is_not(None))
-    .order_by(_RUNS.c.started_at.desc()).limit(1),
-    runs_ending_at=select(_RUNS.c.leaf_node_id, _RUNS.c.id)
-    .where(_RUNS.c.tenant == bindparam("tenant"), _RUNS.c.leaf_node_id == _any("leaves"))
-    .order_by(_RUNS.c.started_at),
+    # Each leaf's latest run is one probe from the end of ix_model_runs_leaf_started, however many
+    # runs ended there (a prefix sent again and again); the latest of those few is the answer.
+    previous_run=text(
+        "SELECT latest.tokens_original, latest.leaf_node_id, latest.id, latest.conversation_id"
+        " FROM unnest(:leaves) AS leaf(id) CROSS JOIN LATERAL (SELECT tokens_original, leaf_node_id, id,"
+        "   conversation_id, started_at FROM model_runs WHERE leaf_node_id = leaf.id AND tokens_original IS NOT NULL"
+        "   ORDER BY started_at DESC LIMIT 1) AS latest ORDER BY latest.started_at DESC LIMIT 1"
+    ).bindparams(bindparam("leaves", type_=ARRAY(String))),
+    runs_ending_at=text(
+        "SELECT leaf.id, (SELECT id FROM model_runs WHERE leaf_node_id = leaf.id AND tenant = :tenant"
+        "   ORDER BY started_at DESC LIMIT 1) FROM unnest(:leaves) AS leaf(id)"
+    ).bindparams(bindparam("leaves", type_=ARRAY(String))),
     results_of_runs=select(func.coalesce(_ARTIFACTS.c.original_sha256, _ARTIFACTS.c.sha256), _ARTIFACTS.c.tool_name)
     .where(_ARTIFACTS.c.captured_by_request == _any("runs"), _ARTIFACTS.c.tenant == bindparam("tenant")),
 )
@@ -98,12 +104,13 @@ _SQLITE = _Statements(
         "SELECT id, observed_at, owner_participant, rehydrated_at IS NOT NULL FROM tool_artifacts"
         " WHERE id IN (SELECT value FROM json_each(:ids))"),
     previous_run=text(
-        "SELECT tokens_original, leaf_node_id, id, conversation_id FROM model_runs"
-        " WHERE leaf_node_id IN (SELECT value FROM json_each(:leaves)) AND tokens_original IS NOT NULL"
-        " ORDER BY started_at DESC LIMIT 1"),
+        "SELECT latest.tokens_original, latest.leaf_node_id, latest.id, latest.conversation_id"
+        " FROM json_each(:leaves) AS leaf JOIN model_runs AS latest ON latest.id = (SELECT id FROM model_runs"
+        "   WHERE leaf_node_id = leaf.value AND tokens_original IS NOT NULL ORDER BY started_at DESC LIMIT 1)"
+        " ORDER BY latest.started_at DESC LIMIT 1"),
     runs_ending_at=text(
-        "SELECT leaf_node_id, id FROM model_runs"
-        " WHERE tenant = :tenant AND leaf_node_id IN (SELECT value FROM json_each(:leaves)) ORDER BY started_at"),
+        "SELECT leaf.value, (SELECT id FROM model_runs WHERE leaf_node_id = leaf.value AND tenant = :tenant"
+        "   ORDER BY started_at DESC LIMIT 1) FROM json_each(:leaves) AS leaf"),
     results_of_runs=text(
         "SELECT coalesce(original_sha256, sha256), tool_name FROM tool_artifacts"
         " WHERE captured_by_request IN (SELECT value FROM json_each(:runs)) AND tenant = :tenant"),
@@ -283,7 +290,7 @@ class PathReads(StoreBase):
             return {}
         rows = connection.execute(statements(connection).runs_ending_at,
                                   {"tenant": tenant, "leaves": id_list(connection, wanted)})
-        return {leaf: run for leaf, run in rows}  # oldest first: the latest stays
+        return {leaf: run for leaf, run in rows if run is not None}
 
     @staticmethod
     def _results_of_runs(connection: Connection, tenant: str, runs: list[str]) -> dict[str, str]:

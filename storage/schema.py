@@ -71,7 +71,7 @@ class ModelRun(Base):
     upstream_model: Mapped[str] = mapped_column(String(256))
     deployment: Mapped[str | None] = mapped_column(String(128))  # the deployment that answered (or failed last)
     attempts_json: Mapped[str | None] = mapped_column(Text)  # every upstream try, when there was more than one
-    leaf_node_id: Mapped[str] = mapped_column(ID, index=True)
+    leaf_node_id: Mapped[str] = mapped_column(ID)  # indexed with started_at (ix_model_runs_leaf_started)
     message_count: Mapped[int] = mapped_column(Integer)
     stream: Mapped[bool] = mapped_column(Boolean)
     wire_format: Mapped[str | None] = mapped_column(String(32))  # openai.chat, ...
@@ -172,6 +172,8 @@ class ToolArtifact(Base):
 
 
 Index("ix_model_runs_tenant_started", ModelRun.tenant, ModelRun.started_at)
+# Each leaf's latest run is one probe from this index's end, however many runs ended there (storage/path_reads.py).
+Index("ix_model_runs_leaf_started", ModelRun.leaf_node_id, ModelRun.started_at)
 
 
 class ConversationNode(Base):

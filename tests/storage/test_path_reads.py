@@ -246,3 +246,59 @@ def test_on_postgresql_the_path_state_is_the_three_reads_in_one(postgres_url: st
         assert checked[2][1] == {}  # the subagent asking is not its own subagent
     finally:
         store.engine.dispose()
+
+
+def _rows_read_per_leaf(connection, statement, parameters: dict) -> list[int]:  # type: ignore[no-untyped-def]
+    """PostgreSQL: the rows each probe of model_runs read, from the statement's analysed plan."""
+    from sqlalchemy import text
+
+    analysed = text("EXPLAIN (ANALYZE, FORMAT JSON) " + statement.text).bindparams(*statement._bindparams.values())
+    plan = connection.execute(analysed, parameters).scalar()[0]["Plan"]
+    found: list[int] = []
+
+    def walk(node: dict) -> None:
+        if node.get("Relation Name") == "model_runs":
+            found.append(node["Actual Rows"] + node.get("Rows Removed by Filter", 0))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan)
+    return found
+
+
+def test_a_leaf_many_runs_ended_at_costs_one_probe(store: RecordStore) -> None:
+    """A prefix sent again and again (retries, an agent branching from one point, a benchmark) ends many
+    runs at one leaf. The previous run (the latest finished one) and each leaf's latest run are still
+    what every run says, and each is read from the end of ix_model_runs_leaf_started: SQLite searches
+    that index for the leaf and sorts nothing; PostgreSQL reads a row or two for it, not every run."""
+    from sqlalchemy import text
+
+    from storage.path_reads import _POSTGRESQL, _SQLITE
+
+    clock = _Clock(2_000_000.0)
+    store.clock = clock
+    head = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}, *_round(0)]
+    for n in range(40):
+        clock.moment += 1
+        store.ingest(message_path("acme", head), _run(n))
+        if n < 37 and n % 3:  # finished; every third and the last three still pending
+            store.finish_run(f"req_{n:032x}", RunOutcome(status="ok", latency_ms=1.0, tokens_original=n))
+    leaves = [node.id for node in message_path("acme", head)]
+    with store.engine.connect() as connection:
+        previous = store._previous_run(connection, leaves)
+        assert previous is not None and previous.id == f"req_{35:032x}" and previous.tokens_original == 35
+        assert store._runs_ending_at(connection, "acme", [leaves[-1], leaves[0]]) == {leaves[-1]: f"req_{39:032x}"}
+        assert store._runs_ending_at(connection, "other", leaves) == {}
+        if connection.dialect.name == "sqlite":
+            for statement, sorts in ((_SQLITE.previous_run, 1), (_SQLITE.runs_ending_at, 0)):
+                plan = [row[3] for row in connection.execute(text("EXPLAIN QUERY PLAN " + statement.text),
+                                                             {"leaves": "[]", "tenant": "acme"})]
+                assert "SEARCH model_runs USING INDEX ix_model_runs_leaf_started (leaf_node_id=?)" in plan, plan
+                # previous_run sorts the leaves' latest runs (one per leaf) to take the latest; nothing sorts runs
+                assert sum("TEMP B-TREE" in step for step in plan) == sorts, plan
+        else:  # a 40-row table is cheaper to scan whole; a real one is not, and the index is what is shown here
+            connection.execute(text("SET LOCAL enable_seqscan = off"))
+            parameters = {"leaves": [leaves[-1]], "tenant": "acme"}
+            # runs 39, 38, 37 and 36 are pending (passed over from the index's end), 35 is the answer
+            assert _rows_read_per_leaf(connection, _POSTGRESQL.previous_run, parameters) == [5]
+            assert _rows_read_per_leaf(connection, _POSTGRESQL.runs_ending_at, parameters) == [1]
