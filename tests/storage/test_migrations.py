@@ -140,3 +140,47 @@ def test_0012_adds_dashboard_sessions_and_takes_them_away(storage_url: str, tmp_
         assert store.dashboard_session("sid") is not None
     finally:
         store.engine.dispose()
+
+
+def test_0020_indexes_runs_by_leaf_and_start_and_back(storage_url: str, tmp_path: Path) -> None:
+    """0020 replaces the index on model_runs.leaf_node_id with one on (leaf_node_id, started_at); the
+    runs stay, and the previous run is the same through either index."""
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    from policies.transcript import message_path
+    from storage.record_types import RunOutcome, RunStart
+
+    store = make_store(storage_url, tmp_path / "blobs")
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    for n in range(3):
+        store.ingest(message_path("acme", messages), RunStart(
+            request_id=f"req_{n}", tenant="acme", participant="p", model="fake", upstream_model="openai/fake",
+            stream=False))
+        store.finish_run(f"req_{n}", RunOutcome(status="ok", latency_ms=1.0, tokens_original=10 + n))
+    leaves = [node.id for node in message_path("acme", messages)]
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(Path(__file__).resolve().parents[2] / "storage" / "migrations"))
+
+    def indexes() -> set[str]:
+        with store.engine.connect() as connection:
+            return {i["name"] for i in inspect(connection).get_indexes("model_runs")}
+
+    def previous() -> tuple:
+        with store.engine.connect() as connection:
+            return tuple(store._previous_run(connection, leaves))
+
+    try:
+        assert "ix_model_runs_leaf_started" in indexes() and "ix_model_runs_leaf_node_id" not in indexes()
+        latest = previous()
+        assert latest[2] == "req_2" and latest[0] == 12
+        with store.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0019")
+        assert "ix_model_runs_leaf_node_id" in indexes() and "ix_model_runs_leaf_started" not in indexes()
+        assert previous() == latest
+        store.create_schema()
+        assert "ix_model_runs_leaf_started" in indexes() and "ix_model_runs_leaf_node_id" not in indexes()
+        assert previous() == latest and store.get_run("req_0", "acme") is not None
+    finally:
+        store.engine.dispose()
