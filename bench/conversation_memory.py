@@ -373,6 +373,7 @@ class Gateway:
     upstream: Any = None
     server: Any = None
     headers: dict[str, str] = field(default_factory=dict)
+    policy: str = "coding-agent"  # the tenant's
 
     def __enter__(self) -> "Gateway":
         import proxy_compare
@@ -383,7 +384,7 @@ class Gateway:
         settings = parse_settings({
             "models": [{"name": "fake", "litellm_params": {"model": "openai/fake", "api_base": self.upstream.api_base,
                                                             "api_key": proxy_compare.UPSTREAM_KEY}}],
-            "tenants": [{"id": "acme", "api_keys": [proxy_compare.TENANT_KEY], "policy": "coding-agent"}],
+            "tenants": [{"id": "acme", "api_keys": [proxy_compare.TENANT_KEY], "policy": self.policy}],
             "storage": {"url": self.storage_url or f"sqlite:///{self.folder / 'gateway.db'}",
                         "blob_dir": str(self.folder / "blobs")},
             "log_level": "warning",

@@ -1,0 +1,117 @@
+"""Where a request's CPU goes: py-spy samples of the gateway serving one transcript, by part.
+
+Runs the app in this process (bench/conversation_memory.py's `Gateway`, the constant upstream in a
+process of its own), posts `--requests` requests one after another (the transcript alone, then with a
+new tool round, alternately, as bench/proxy_compare.py does) while py-spy samples this process (`--gil`:
+only the thread that holds the GIL, so waits do not count), and prints the share of the samples whose
+stack passes through each part. py-spy is not a dependency of the gateway: install it where you like
+(`pip install py-spy`) and name it with `--py-spy` if it is not on PATH; it needs leave to read this
+process's memory (ptrace: root, or `kernel.yama.ptrace_scope` 0).
+
+    .venv/bin/python bench/profile_path.py --transcript synthetic-100 --requests 600
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_transcripts import TOOLS, Transcript, synthetic_session, trace_session  # noqa: E402
+
+# A part is named by a frame any of its samples' stacks passes through.
+PARTS = {
+    "the store (capture, the reads after it, the outcome)": ("storage/",),
+    "the upstream call (preparation, the call, reading the answer)": ("gateway/upstream/",),
+    "the projection": ("gateway/pipeline/projection.py",),
+    "parsing the body": ("gateway/wire/json_body.py",),
+    "this benchmark's own client": ("httpx/_client.py:1144",),
+}
+
+
+def transcript_named(name: str) -> Transcript:
+    if name == "trace-99":
+        messages, tools = trace_session(99)
+        return Transcript(name, messages, tools, False)
+    if not name.startswith("synthetic-") or not name.split("-", 1)[1].isdigit():
+        raise SystemExit("--transcript: trace-99 or synthetic-N")
+    return Transcript(name, synthetic_session(int(name.split("-", 1)[1]), 7), TOOLS, False)
+
+
+def shares(raw: Path) -> tuple[int, dict[str, float]]:
+    """py-spy's raw (collapsed) output: the samples, and the share of them each part is in."""
+    total, found = 0, Counter[str]()
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        total += int(count)
+        for part, frames in PARTS.items():
+            if any(frame in stack for frame in frames):
+                found[part] += int(count)
+    return total, {part: found[part] / total if total else 0.0 for part in PARTS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transcript", default="synthetic-100", help="trace-99 or synthetic-N (default synthetic-100)")
+    parser.add_argument("--requests", type=int, default=600, help="sampled requests (default 600)")
+    parser.add_argument("--warmup", type=int, default=40, help="requests first, not sampled (default 40)")
+    parser.add_argument("--policy", default="coding-agent")
+    parser.add_argument("--rate", type=int, default=500, help="py-spy samples a second (default 500)")
+    parser.add_argument("--py-spy", dest="py_spy", default=shutil.which("py-spy"), help="the py-spy binary")
+    parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    args = parser.parse_args()
+    if not args.py_spy:
+        raise SystemExit("py-spy not found: `pip install py-spy` (anywhere) and pass --py-spy PATH")
+    if args.requests < 1 or args.warmup < 0:
+        raise SystemExit("--requests >= 1, --warmup >= 0")
+    import httpx
+    from conversation_memory import Gateway
+
+    transcript = transcript_named(args.transcript)
+    rounds = itertools.count(1)
+    with tempfile.TemporaryDirectory(prefix="profile-path-") as folder:
+        raw = args.raw or Path(folder) / "stacks.txt"
+        with Gateway(Path(folder), policy=args.policy) as gateway, \
+                httpx.Client(base_url=gateway.api_base, headers=gateway.headers, timeout=120, trust_env=False) as client:
+            def send(number: int) -> None:
+                response = client.post("/chat/completions", content=transcript.body(next(rounds) if number % 2 else None))
+                if response.status_code != 200:
+                    raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
+
+            for number in range(args.warmup):
+                send(number)
+            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--rate", str(args.rate), "--gil",
+                                    "--nonblocking", "--format", "raw", "--output", str(raw)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(1.5)  # py-spy attaches
+            if spy.poll() is not None:
+                raise SystemExit(f"py-spy could not sample: {spy.stderr.read().decode(errors='replace')[:500]}")
+            started, cpu = time.perf_counter(), time.process_time()
+            for number in range(args.requests):
+                send(number)
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+            spy.send_signal(2)  # py-spy writes what it has on SIGINT
+            spy.wait(60)
+        total, parts = shares(raw)
+    print(f"{transcript.name}, {args.policy}: {wall / args.requests * 1000:.2f} ms wall and "
+          f"{cpu / args.requests * 1000:.2f} ms CPU a request (this process: the gateway and its client), "
+          f"{total} samples holding the GIL")
+    for part, share in parts.items():
+        print(f"  {share * 100:5.1f}%  {part}")
+    print(f"  {max(0.0, 1 - sum(parts.values())) * 100:5.1f}%  at least, the rest (the ASGI stack, uvicorn, the event "
+          f"loop, thread handoffs): the parts may overlap")
+
+
+if __name__ == "__main__":
+    main()
