@@ -4,12 +4,13 @@ serialises one once and appends a tool round never seen before without serialisi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -177,3 +178,17 @@ def build_transcripts(args: argparse.Namespace) -> list[Transcript]:
     if unknown:
         raise SystemExit(f"unknown transcript(s) {unknown}; choose from {list(every)}")
     return [every[name]() for name in wanted]
+
+
+def alternating_sender(client: Any, transcript: Transcript) -> Callable[[int], None]:
+    """`send(number)`: request `number` of a sequential run, the transcript alone for even numbers and
+    with a new tool round for odd ones (as bench/proxy_compare.py loads), posted with the httpx `client`;
+    anything but a 200 ends the run with the gateway's words."""
+    rounds = itertools.count(1)
+
+    def send(number: int) -> None:
+        response = client.post("/chat/completions", content=transcript.body(next(rounds) if number % 2 else None))
+        if response.status_code != 200:
+            raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
+
+    return send

@@ -13,7 +13,6 @@ process's memory (ptrace: root, or `kernel.yama.ptrace_scope` 0).
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_transcripts import TOOLS, Transcript, synthetic_session, trace_session  # noqa: E402
+from bench_transcripts import TOOLS, Transcript, alternating_sender, synthetic_session, trace_session  # noqa: E402
 
 # A part is named by a frame any of its samples' stacks passes through.
 PARTS = {
@@ -79,16 +78,11 @@ def main() -> None:
     from conversation_memory import Gateway
 
     transcript = transcript_named(args.transcript)
-    rounds = itertools.count(1)
     with tempfile.TemporaryDirectory(prefix="profile-path-") as folder:
         raw = args.raw or Path(folder) / "stacks.txt"
         with Gateway(Path(folder), policy=args.policy) as gateway, \
                 httpx.Client(base_url=gateway.api_base, headers=gateway.headers, timeout=120, trust_env=False) as client:
-            def send(number: int) -> None:
-                response = client.post("/chat/completions", content=transcript.body(next(rounds) if number % 2 else None))
-                if response.status_code != 200:
-                    raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
-
+            send = alternating_sender(client, transcript)
             for number in range(args.warmup):
                 send(number)
             spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--rate", str(args.rate), "--gil",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import os
 import sys
 import tempfile
@@ -39,7 +38,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import httpx  # noqa: E402
 from sqlalchemy import event  # noqa: E402
 
-from bench_transcripts import TOOLS, Transcript, synthetic_session  # noqa: E402
+from bench_transcripts import TOOLS, Transcript, alternating_sender, synthetic_session  # noqa: E402
 from conversation_memory import Gateway, wait_for_outcomes  # noqa: E402
 from scripts.processes import postgres_schema  # noqa: E402
 
@@ -103,7 +102,6 @@ def main() -> None:
     if args.requests < 1 or args.warmup < 0 or args.messages < 4:
         raise SystemExit("--requests >= 1, --warmup >= 0, --messages >= 4")
     transcript = Transcript(f"synthetic-{args.messages}", synthetic_session(args.messages, 7), TOOLS, False)
-    rounds = itertools.count(1)
     with ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="statement-times-")))
         url = stack.enter_context(postgres_schema(args.postgres) if args.postgres
@@ -112,10 +110,7 @@ def main() -> None:
         services = gateway.services
         clock = StatementClock(services.store.engine)
         with httpx.Client(base_url=gateway.api_base, headers=gateway.headers, timeout=120, trust_env=False) as client:
-            def send(number: int) -> None:
-                response = client.post("/chat/completions", content=transcript.body(next(rounds) if number % 2 else None))
-                if response.status_code != 200:
-                    raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
+            send = alternating_sender(client, transcript)
             for number in range(args.warmup):
                 send(number)
             wait_for_outcomes()
