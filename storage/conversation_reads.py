@@ -11,7 +11,7 @@ from sqlalchemy import Connection, String, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from policies.transcript import PathNode, artifact_id_for
-from storage.path_reads import PREVIOUS_RUN_WINDOW, PathReads
+from storage.path_reads import POSTGRESQL_PREVIOUS_RUN, PREVIOUS_RUN_WINDOW, PathReads
 from storage.record_types import IngestResult, RunStart
 from storage.schema import ModelRun
 
@@ -38,11 +38,7 @@ _PATH_STATE = text(
     "       AND parent_run.conversation_id = :conversation AND parent_run.tenant = :tenant"
     "       AND (CAST(:own_parent AS VARCHAR) IS NULL OR child_run.parent_request_id <> :own_parent)),"
     " previous.tokens_original, previous.leaf_node_id, previous.id, previous.conversation_id"
-    " FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT latest.* FROM unnest(:leaves) AS leaf(id)"
-    "       CROSS JOIN LATERAL (SELECT tokens_original, leaf_node_id, id, conversation_id, started_at"
-    "         FROM model_runs WHERE leaf_node_id = leaf.id AND tokens_original IS NOT NULL"
-    "         ORDER BY started_at DESC LIMIT 1) AS latest"
-    "       ORDER BY latest.started_at DESC LIMIT 1) AS previous ON true"
+    f" FROM (SELECT 1) AS one LEFT JOIN LATERAL ({POSTGRESQL_PREVIOUS_RUN}) AS previous ON true"
 ).bindparams(bindparam("leaves", type_=ARRAY(String)))
 
 

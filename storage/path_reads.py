@@ -61,6 +61,16 @@ FACTS_CONVERSATIONS = 4096
 PREVIOUS_RUN_WINDOW = 64  # the leaves of a path where its previous run is looked for first (`_previous_run`)
 
 
+# PostgreSQL: the latest finished run that ended on one of :leaves. Each leaf's latest is one probe from
+# the end of ix_model_runs_leaf_started, however many runs ended there (a prefix sent again and again);
+# the latest of those few is the answer. Also a part of storage/conversation_reads.py's `_PATH_STATE`.
+POSTGRESQL_PREVIOUS_RUN = (
+    "SELECT latest.tokens_original, latest.leaf_node_id, latest.id, latest.conversation_id"
+    " FROM unnest(:leaves) AS leaf(id) CROSS JOIN LATERAL (SELECT tokens_original, leaf_node_id, id,"
+    "   conversation_id, started_at FROM model_runs WHERE leaf_node_id = leaf.id AND tokens_original IS NOT NULL"
+    "   ORDER BY started_at DESC LIMIT 1) AS latest ORDER BY latest.started_at DESC LIMIT 1")
+
+
 class _Statements(NamedTuple):
     known_nodes: Any  # (conversation, ids) -> (node id, the node's id again if the conversation uses it)
     artifact_facts: Any  # (ids) -> (id, observed_at, owner_participant, whether a model had it back whole)
@@ -79,14 +89,7 @@ _POSTGRESQL = _Statements(
     artifact_facts=select(_ARTIFACTS.c.id, _ARTIFACTS.c.observed_at, _ARTIFACTS.c.owner_participant,
                           _ARTIFACTS.c.rehydrated_at.is_not(None))
     .where(_ARTIFACTS.c.id == _any("ids")),
-    # Each leaf's latest run is one probe from the end of ix_model_runs_leaf_started, however many
-    # runs ended there (a prefix sent again and again); the latest of those few is the answer.
-    previous_run=text(
-        "SELECT latest.tokens_original, latest.leaf_node_id, latest.id, latest.conversation_id"
-        " FROM unnest(:leaves) AS leaf(id) CROSS JOIN LATERAL (SELECT tokens_original, leaf_node_id, id,"
-        "   conversation_id, started_at FROM model_runs WHERE leaf_node_id = leaf.id AND tokens_original IS NOT NULL"
-        "   ORDER BY started_at DESC LIMIT 1) AS latest ORDER BY latest.started_at DESC LIMIT 1"
-    ).bindparams(bindparam("leaves", type_=ARRAY(String))),
+    previous_run=text(POSTGRESQL_PREVIOUS_RUN).bindparams(bindparam("leaves", type_=ARRAY(String))),
     runs_ending_at=text(
         "SELECT leaf.id, (SELECT id FROM model_runs WHERE leaf_node_id = leaf.id AND tenant = :tenant"
         "   ORDER BY started_at DESC LIMIT 1) FROM unnest(:leaves) AS leaf(id)"
