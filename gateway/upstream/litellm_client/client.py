@@ -334,14 +334,24 @@ class LiteLLMUpstream:
             raise map_error(exc, request) from exc
 
     async def warm_up(self) -> None:
-        """Load what LiteLLM loads on its first call and first stream (offline: a mock answer)."""
+        """Load what LiteLLM loads on its first call and first stream (offline: a mock answer).
+
+        Without LiteLLM's token counter: pricing a mock stream, which reports no usage, would count its
+        tokens, and that loads LiteLLM's default encoding (cl100k_base), 14 MB of resident memory kept for
+        good, which no call of the direct transport needs (it reads the provider's usage). A real call
+        that needs a count loads it then. Safe to switch off here: the app serves nothing before its
+        start-up is done."""
         messages = [{"role": "user", "content": "warm up"}]
-        await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok", api_key="-")
-        stream = await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok",
-                                           api_key="-", stream=True)
-        async with LiteLLMStream(stream) as chunks:
-            async for _ in chunks:
-                pass
+        counting, litellm.disable_token_counter = litellm.disable_token_counter, True
+        try:
+            await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok", api_key="-")
+            stream = await litellm.acompletion(model="openai/warm-up", messages=messages, mock_response="ok",
+                                               api_key="-", stream=True)
+            async with LiteLLMStream(stream) as chunks:
+                async for _ in chunks:
+                    pass
+        finally:
+            litellm.disable_token_counter = counting
 
     async def _direct_call_built(self, request: UpstreamRequest, stream: bool) -> DirectCall | None:
         """`_direct_call`, on a worker thread for a long transcript: LiteLLM's preparation walks every
