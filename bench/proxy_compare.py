@@ -61,7 +61,9 @@ Prints one table, the gateway (coding-agent, on SQLite and on PostgreSQL) agains
 floor (added latency, requests/s and RSS, as ratios: how far from the limit) and, with
 LiteLLM Proxy, the gateway (coding-agent, SQLite) against it (latency, throughput, and
 RSS after the load, at the burst's peak and after the burst: `rss_ratio`,
-`rss_burst_peak_ratio`, `rss_after_burst_ratio`); writes every figure to --json
+`rss_burst_peak_ratio`, `rss_after_burst_ratio`); where both synthetic transcripts ran, every
+target's 1,000-message figures over its 100-message ones (`long_vs_short`: added latency and CPU
+per request, the floor's and LiteLLM Proxy's beside the gateway's); writes every figure to --json
 (default bench/results/proxy_compare.json).
 """
 from __future__ import annotations
@@ -711,6 +713,39 @@ def floor_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+SHORT, LONG = "synthetic-100", "synthetic-1000"
+
+
+def scaling_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per target measured on both synthetic transcripts: what a 1,000-message request adds against what
+    a 100-message one adds (the issue asks the gateway for at most 2x), and the same for the CPU per
+    request at 20 clients; the floor's and LiteLLM Proxy's beside the gateway's, measured in the same
+    run, are what a forwarder that reads and writes a body ten times larger pays for it."""
+    found = {(row["transcript"], row["target"]): row for row in rows if "sequential" in row}
+    out = []
+    for target in dict.fromkeys(row["target"] for row in rows):
+        short, long = found.get((SHORT, target)), found.get((LONG, target))
+        if not short or not long or target == "direct":
+            continue
+        s_added, l_added = short["sequential"]["added_ms"]["median"], long["sequential"]["added_ms"]["median"]
+        s_cpu = short.get("load", {}).get("20", {}).get("cpu_ms_per_request", math.nan)
+        l_cpu = long.get("load", {}).get("20", {}).get("cpu_ms_per_request", math.nan)
+        out.append({"target": target, "added_median_ms": {SHORT: s_added, LONG: l_added},
+                    "added_median_ratio": ratio(l_added, s_added),
+                    "cpu20_ms": {SHORT: s_cpu, LONG: l_cpu}, "cpu20_ratio": ratio(l_cpu, s_cpu)})
+    return out
+
+
+def print_scaling(found: list[dict[str, Any]]) -> None:
+    if not found:
+        return
+    print(f"\n1,000 messages against 100: added median {LONG} / {SHORT}; CPU ms/request@20 {LONG} / {SHORT}")
+    for c in found:
+        added, cpu = c["added_median_ms"], c["cpu20_ms"]
+        print(f"  {c['target']:<29} added median {added[LONG]:.2f} / {added[SHORT]:.2f} ms = "
+              f"{c['added_median_ratio']:.2f}x;  CPU {cpu[LONG]:.2f} / {cpu[SHORT]:.2f} ms = {c['cpu20_ratio']:.2f}x")
+
+
 def rss_text(comparison: dict[str, Any], other: str) -> str:
     """The RSS figures of a comparison: gateway / other after the loads, at the burst's peak, settled after it."""
     parts = []
@@ -871,6 +906,8 @@ def main() -> None:
     print_floor_comparisons(against_floor)
     found = comparisons(rows)
     print_comparisons(found)
+    scaling = scaling_comparisons(rows)
+    print_scaling(scaling)
     for note in notes:
         print(f"note: {note}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -878,7 +915,7 @@ def main() -> None:
                                                                for k, v in vars(args).items()},
               "litellm_proxy_version": LITELLM_VERSION if any(r["target"] == "litellm-proxy" for r in rows) else None,
               "burst": burst_info, "rows": rows, "gateway_vs_floor": against_floor, "gateway_vs_litellm": found,
-              "notes": notes}
+              "long_vs_short": scaling, "notes": notes}
     args.json.write_text(json.dumps(finite(report), indent=2, default=str, allow_nan=False) + "\n")
     print(f"\nwrote {args.json}")
 

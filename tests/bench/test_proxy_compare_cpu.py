@@ -44,3 +44,26 @@ def test_a_targets_cpu_time_counts_its_children(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert math.isnan(server.cpu_seconds()) and math.isnan(server.rss_mb())
+
+
+def _row(transcript: str, target: str, added: float, cpu: float) -> dict:
+    return {"transcript": transcript, "target": target, "sequential": {"added_ms": {"median": added}},
+            "load": {"20": {"cpu_ms_per_request": cpu}}}
+
+
+def test_the_long_transcripts_figures_are_set_against_the_short_ones_per_target() -> None:
+    from proxy_compare import scaling_comparisons
+    rows = [_row("synthetic-100", "direct", 0.01, 0.4), _row("synthetic-1000", "direct", 0.1, 0.5),
+            _row("synthetic-100", "floor", 0.8, 2.0), _row("synthetic-1000", "floor", 2.4, 3.0),
+            _row("synthetic-100", "gateway-coding-agent-sqlite", 5.0, 8.0),
+            _row("synthetic-1000", "gateway-coding-agent-sqlite", 20.0, 32.0),
+            _row("trace-99", "litellm-proxy", 14.0, 20.0), _row("synthetic-100", "litellm-proxy", 14.0, 20.0),
+            {"transcript": "synthetic-1000", "target": "litellm-proxy", "failed": "did not start"}]
+    found = {c["target"]: c for c in scaling_comparisons(rows)}
+    assert set(found) == {"floor", "gateway-coding-agent-sqlite"}  # direct is the reference; a failed row: none
+    assert found["floor"]["added_median_ratio"] == pytest.approx(3.0)
+    assert found["gateway-coding-agent-sqlite"]["added_median_ratio"] == pytest.approx(4.0)
+    assert found["gateway-coding-agent-sqlite"]["cpu20_ratio"] == pytest.approx(4.0)
+    no_load = [_row("synthetic-100", "floor", 0.8, 2.0), {**_row("synthetic-1000", "floor", 2.4, 3.0), "load": {}}]
+    [only] = scaling_comparisons(no_load)
+    assert only["added_median_ratio"] == pytest.approx(3.0) and math.isnan(only["cpu20_ratio"])
