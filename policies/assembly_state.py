@@ -20,7 +20,7 @@ from policies.memories import compact_arguments, excerpt, holds, kept_summary, r
 from policies.policy import Policy, ToolRule
 from policies.result_facts import loose_digest, short_values, shown_revision
 from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
-from policies.supersession import later_results
+from policies.supersession import Scan, extend, revisions, scan
 from policies.thoughts import compact_thought
 from policies.tokens import count_text, message_tokens
 from policies.transcript import short_ref, user_words
@@ -44,9 +44,10 @@ _PHRASES_BOUND = 256  # quoted terms and paths remembered per conversation (each
 _NOTHING_NAMED: Named = (frozenset(), frozenset(), frozenset())
 
 
-# What `Assembly._index_duplicates` found for a request (length, views, duplicates and the outputs
-# seen by digest), by (node id of its last message, context): the next request looks at its new results
-# alone. Not mutated once stored. The views hold the results' texts: a bounded share of them.
+# What `Assembly._index_duplicates` found for a request (length, views, duplicates, the outputs seen by
+# digest, and the superseders and retries: `supersession.Scan`), by (node id of its last message, context):
+# the next request looks at its new results alone. Not mutated once stored. The views hold the results'
+# texts: a bounded share of them.
 _DUPLICATES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda found: views_text(found[1]))
 
 
@@ -86,8 +87,13 @@ class Assembly(EpochReplay):
         # A saving reads owners (through which earlier duplicates the requester may see raw) only under
         # rules that show results to some participants alone: shared by node id when none does.
         self._share_savings = node_ids is not None and all(r.visibility == "conversation" for r in policy.tools)
-        self.superseder, self.retried_at, self.revision = later_results(records.artifacts, self.rule)
-        self._index_duplicates()
+        earlier = self._earlier_request()
+        found = scan(records.artifacts, self.rule) if earlier is None else extend(earlier[5], records.artifacts, self.rule)
+        self.superseder, self.retried_at, self.revision = found.superseder, found.retried_at, {}
+        if any(r.revision_on for r in policy.tools):  # (which sets superseders of its own: in a copy)
+            self.superseder = dict(found.superseder)
+            self.revision = revisions(records.artifacts, self.rule, self.superseder)
+        self._index_duplicates(earlier, found)
         self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
         self._arguments: dict[int, tuple[dict[str, Any], str | None, int, int] | None] = {}
         # what the decision loop of the conversation's latest earlier request decided (see `unchanged`)
@@ -108,16 +114,17 @@ class Assembly(EpochReplay):
             self._rules[index] = self.policy.rule_for(view.tool_name if view else None)
         return self._rules[index]
 
-    def _index_duplicates(self) -> None:
+    def _index_duplicates(self, earlier: tuple[Any, ...] | None, later: Scan) -> None:
         """For each ok result, the first earlier ok result with the same output (or the same apart
-        from timestamps and timings) that the requester may see raw."""
+        from timestamps and timings) that the requester may see raw; from what `earlier` found
+        (`_earlier_request`), then remembered with it and `later` (the superseders and retries) for the
+        conversation's next request."""
         self.duplicate: dict[int, tuple[int, bool]] = {}  # index -> (earlier index, exact)
         exact: dict[str, tuple[int, ...]] = {}
         loose: dict[str, tuple[int, ...]] = {}
         artifacts, start = self.records.artifacts, 0
-        earlier = self._earlier_duplicates()
         if earlier is not None:
-            start, views, found, exact_then, loose_then = earlier
+            start, _, found, exact_then, loose_then, _ = earlier
             self.duplicate, exact, loose = dict(found), dict(exact_then), dict(loose_then)
         for index in sorted(i for i in artifacts if i >= start):
             view = artifacts[index]
@@ -132,12 +139,13 @@ class Assembly(EpochReplay):
                 table[key] = (*table.get(key, ()), index)
         if self.node_ids and self.messages and start < len(self.messages):
             _DUPLICATES.put((self.node_ids[-1], self.context_key),
-                            (len(self.messages), dict(artifacts), self.duplicate, exact, loose))
+                            (len(self.messages), dict(artifacts), self.duplicate, exact, loose, later))
 
-    def _earlier_duplicates(self) -> tuple[Any, ...] | None:
-        """What `_index_duplicates` found for the latest earlier request of this conversation (ending
-        within the last few messages), when every view it read is the one this request has: which earlier
-        output a repeat refers to reads only those views (whom each may be shown to) and the context."""
+    def _earlier_request(self) -> tuple[Any, ...] | None:
+        """What `_index_duplicates` found and remembered for the latest earlier request of this
+        conversation (ending within the last few messages), when every view it read is the one this
+        request has: which earlier output a repeat refers to, and which later result supersedes or
+        retries one, read only those views (whom each may be shown to, each one's call) and the context."""
         if not self.node_ids or not self.messages:
             return None
         for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - PREFIX_LOOKBACK), -1):

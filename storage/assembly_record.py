@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from policies.assembly_types import Decision
 from policies.bounded_cache import BoundedCache
@@ -144,11 +144,50 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     A decision equal to its base's is the base's own dict: the gateway holds the notable decisions of
     thousands of recent requests (gateway/pipeline/assembly_bases.py), and between epochs a request's are its
     base's plus the new round's, so held alike they cost the memory and the collector's passes of one
-    request's, not of every request's (these dicts are never changed once made)."""
+    request's, not of every request's (these dicts are never changed once made). A fresh assembly's
+    decision taken again from the request before (policies/decision_reuse.py: the same `Decision`
+    instance) gives the dict made for it then, without making and comparing another (`_dict_of`)."""
+    if record.restored is not None:
+        return _notable_restored(record)
     forwarded = record.forwarded
     base = record.base_decisions if record.base_request_id is not None else None
     out = {}
-    for index, decision in _per_message_notable(record):
+    for decision in record.decided:
+        if decision.action == "verbatim":
+            continue
+        index = decision.index
+        made = _dict_of(decision, forwarded[index][1] if index in forwarded else None)
+        if base is not None:
+            held = base.get(index)
+            if held is not None and held is not made and held == made:
+                made = held
+        out[index] = made
+    return out
+
+
+def _dict_of(decision: Decision, digest: str | None) -> dict[str, Any]:
+    """`decision` as a notable dict naming the digest of what replaced its message (None: nothing did),
+    made once per `Decision` instance and digest: kept on the (frozen) instance, beside its fields (not
+    one of them: equality and hashing do not see it)."""
+    found = decision.__dict__.get("_as_notable")
+    if found is not None and found[0] == digest:
+        return found[1]
+    made = decision.as_dict()
+    if digest is not None:
+        made["forwarded"] = digest
+    object.__setattr__(decision, "_as_notable", (digest, made))
+    return made
+
+
+def _notable_restored(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
+    """`_notable` of a record read back (its decisions are dicts already)."""
+    forwarded = record.forwarded
+    base = record.base_decisions if record.base_request_id is not None else None
+    out = {}
+    for decision in record.restored or ():
+        index = decision.get("index")
+        if index is None or decision.get("action") == "verbatim":
+            continue
         if index in forwarded:
             decision = {**decision, "forwarded": forwarded[index][1]}
         if base is not None:
@@ -157,15 +196,6 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
                 decision = held
         out[index] = decision
     return out
-
-
-def _per_message_notable(record: AssemblyRecord) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(index, decision) of each per-message decision but `verbatim`, as a dict: a fresh assembly's made
-    only for these (a request's messages are mostly `verbatim`)."""
-    if record.restored is not None:
-        return ((d["index"], d) for d in record.restored
-                if d.get("index") is not None and d.get("action") != "verbatim")
-    return ((d.index, d.as_dict()) for d in record.decided if d.action != "verbatim")
 
 
 def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:

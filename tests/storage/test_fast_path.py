@@ -130,3 +130,24 @@ def test_sqlite_moments_equal_aware_timestamps(moment: datetime) -> None:
         assert _sqlite_moment(stored) == as_utc(datetime.fromisoformat(stored)).timestamp() == aware.timestamp()
     assert _sqlite_moment(aware) == aware.timestamp()
     assert _sqlite_moment(aware + timedelta(hours=2)) == (aware + timedelta(hours=2)).timestamp()
+
+
+def test_a_decision_taken_again_gives_the_dict_made_for_it_before() -> None:
+    """A fresh assembly's decision taken again from the request before is the same `Decision` instance:
+    its notable dict is the one made then (not made and compared again), as long as the replacement's
+    digest is the same; the dicts equal the long way's either way, and the instance stays equal to an
+    equal decision made anew."""
+    first = _record({1: _memory("one"), 2: _memory("two")})
+    again = replace(first, replaced={1: _memory("one"), 2: _memory("two, rendered again")})
+    assert again.decided[1] is first.decided[1]
+    assert again.notable[1] is first.notable[1]  # same instance, same digest
+    assert again.notable[2] is not first.notable[2]  # same instance, another replacement
+    for record in (first, again):
+        long_way = {d.index: {**d.as_dict(), **({"forwarded": record.forwarded[d.index][1]}
+                                                 if d.index in record.forwarded else {})}
+                    for d in record.decided if d.action != "verbatim"}
+        assert record.notable == long_way
+    assert first.decided[1] == Decision(1, "tool", "compacted", "epoch:4")
+    assert hash(first.decided[1]) == hash(Decision(1, "tool", "compacted", "epoch:4"))
+    restored = replace(first, decided=(), restored=[d.as_dict() for d in first.decided])
+    assert restored.notable == first.notable
