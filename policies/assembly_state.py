@@ -88,11 +88,12 @@ class Assembly(EpochReplay):
         # rules that show results to some participants alone: shared by node id when none does.
         self._share_savings = node_ids is not None and all(r.visibility == "conversation" for r in policy.tools)
         earlier = self._earlier_request()
-        found = scan(records.artifacts, self.rule) if earlier is None else extend(earlier[5], records.artifacts, self.rule)
+        artifacts = records.artifacts
+        found = scan(artifacts, self.rule) if earlier is None else extend(earlier[5], artifacts, self.rule)
         self.superseder, self.retried_at, self.revision = found.superseder, found.retried_at, {}
         if any(r.revision_on for r in policy.tools):  # (which sets superseders of its own: in a copy)
             self.superseder = dict(found.superseder)
-            self.revision = revisions(records.artifacts, self.rule, self.superseder)
+            self.revision = revisions(artifacts, self.rule, self.superseder)
         self._index_duplicates(earlier, found)
         self._first_named: dict[str, int] | None = None  # term -> where a user turn or call first named it
         self._arguments: dict[int, tuple[dict[str, Any], str | None, int, int] | None] = {}

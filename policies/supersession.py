@@ -108,7 +108,7 @@ def extend(earlier: Scan, artifacts: Mapping[int, ArtifactView], rule: Callable[
 
 
 def revisions(artifacts: Mapping[int, ArtifactView], rule: Callable[[int], ToolRule],
-               superseder: dict[int, int]) -> Revisions:
+              superseder: dict[int, int]) -> Revisions:
     """Where a rule names a revision, the first result (by position) of the same document with a
     higher revision, or the same revision fetched later, supersedes a result (set in `superseder`):
     re-reading an old revision never passes for current. Gives each such result's revision."""
