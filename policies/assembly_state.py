@@ -9,7 +9,7 @@ policies/assembler.py makes one per request and decides from it; the epoch repla
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from policies import decision_reuse
 from policies.assembly_types import Records
@@ -44,11 +44,21 @@ _PHRASES_BOUND = 256  # quoted terms and paths remembered per conversation (each
 _NOTHING_NAMED: Named = (frozenset(), frozenset(), frozenset())
 
 
-# What `Assembly._index_duplicates` found for a request (length, views, duplicates, the outputs seen by
-# digest, and the superseders and retries: `supersession.Scan`), by (node id of its last message, context):
-# the next request looks at its new results alone. Not mutated once stored. The views hold the results'
-# texts: a bounded share of them.
-_DUPLICATES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda found: views_text(found[1]))
+class _Earlier(NamedTuple):
+    """What `Assembly._index_duplicates` found for a request, and the superseders and retries: the next
+    request of the conversation looks at its new results alone."""
+
+    length: int  # the request's messages
+    views: dict[int, Any]  # the records' views it read, by index
+    duplicate: dict[int, tuple[int, bool]]
+    exact: dict[str, tuple[int, ...]]  # the ok outputs seen, by digest
+    loose: dict[str, tuple[int, ...]]  # and by digest blind to timestamps and timings
+    later: Scan
+
+
+# `_Earlier` by (node id of its last message, context). Not mutated once stored. The views hold the
+# results' texts: a bounded share of them.
+_DUPLICATES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda found: views_text(found.views))
 
 
 def _age(seconds: float) -> str:
@@ -89,7 +99,7 @@ class Assembly(EpochReplay):
         self._share_savings = node_ids is not None and all(r.visibility == "conversation" for r in policy.tools)
         earlier = self._earlier_request()
         artifacts = records.artifacts
-        found = scan(artifacts, self.rule) if earlier is None else extend(earlier[5], artifacts, self.rule)
+        found = scan(artifacts, self.rule) if earlier is None else extend(earlier.later, artifacts, self.rule)
         self.superseder, self.retried_at, self.revision = found.superseder, found.retried_at, {}
         if any(r.revision_on for r in policy.tools):  # (which sets superseders of its own: in a copy)
             self.superseder = dict(found.superseder)
@@ -115,7 +125,7 @@ class Assembly(EpochReplay):
             self._rules[index] = self.policy.rule_for(view.tool_name if view else None)
         return self._rules[index]
 
-    def _index_duplicates(self, earlier: tuple[Any, ...] | None, later: Scan) -> None:
+    def _index_duplicates(self, earlier: _Earlier | None, later: Scan) -> None:
         """For each ok result, the first earlier ok result with the same output (or the same apart
         from timestamps and timings) that the requester may see raw; from what `earlier` found
         (`_earlier_request`), then remembered with it and `later` (the superseders and retries) for the
@@ -125,8 +135,8 @@ class Assembly(EpochReplay):
         loose: dict[str, tuple[int, ...]] = {}
         artifacts, start = self.records.artifacts, 0
         if earlier is not None:
-            start, _, found, exact_then, loose_then, _ = earlier
-            self.duplicate, exact, loose = dict(found), dict(exact_then), dict(loose_then)
+            start = earlier.length
+            self.duplicate, exact, loose = dict(earlier.duplicate), dict(earlier.exact), dict(earlier.loose)
         for index in sorted(i for i in artifacts if i >= start):
             view = artifacts[index]
             if view.status != "ok" or not view.content:
@@ -140,9 +150,9 @@ class Assembly(EpochReplay):
                 table[key] = (*table.get(key, ()), index)
         if self.node_ids and self.messages and start < len(self.messages):
             _DUPLICATES.put((self.node_ids[-1], self.context_key),
-                            (len(self.messages), dict(artifacts), self.duplicate, exact, loose, later))
+                            _Earlier(len(self.messages), dict(artifacts), self.duplicate, exact, loose, later))
 
-    def _earlier_request(self) -> tuple[Any, ...] | None:
+    def _earlier_request(self) -> _Earlier | None:
         """What `_index_duplicates` found and remembered for the latest earlier request of this
         conversation (ending within the last few messages), when every view it read is the one this
         request has: which earlier output a repeat refers to, and which later result supersedes or
@@ -152,7 +162,7 @@ class Assembly(EpochReplay):
         for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - PREFIX_LOOKBACK), -1):
             found = _DUPLICATES.get((self.node_ids[position], self.context_key))
             if found is not None:
-                length, views = found[0], found[1]
+                length, views = found.length, found.views
                 artifacts = self.records.artifacts
                 if sum(1 for i in artifacts if i < length) != len(views) or \
                         any(artifacts.get(i) is not v for i, v in views.items()):

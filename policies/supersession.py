@@ -52,7 +52,8 @@ def scan(artifacts: Mapping[int, ArtifactView], rule: Callable[[int], ToolRule],
     latest_by_call: dict[Call, int] = {}
     open_keys: dict[int, Key] = {}
     open_errors: dict[int, tuple[Call, Key | None]] = {}
-    for index in sorted((i for i in artifacts if i >= start), reverse=True):
+    indices = sorted((i for i in artifacts if i >= start), reverse=True)
+    for index in indices:
         view, found_rule = artifacts[index], rule(index)
         key = argument_value(view.arguments, found_rule.supersede_on) if found_rule.supersede_on else None
         keyed = (found_rule.supersede_on, key) if found_rule.supersede_on and key is not None else None
@@ -75,8 +76,8 @@ def scan(artifacts: Mapping[int, ArtifactView], rule: Callable[[int], ToolRule],
             if keyed:
                 latest_by_key[keyed] = index
             latest_by_call[(view.tool_name, view.arguments)] = index
-    end = max(artifacts, default=start - 1) + 1
-    return Scan(max(end, start), superseder, retried_at, latest_by_key, latest_by_call, open_keys, open_errors)
+    end = indices[0] + 1 if indices else start
+    return Scan(end, superseder, retried_at, latest_by_key, latest_by_call, open_keys, open_errors)
 
 
 def extend(earlier: Scan, artifacts: Mapping[int, ArtifactView], rule: Callable[[int], ToolRule]) -> Scan:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from policies.assembly_types import Decision
 from policies.bounded_cache import BoundedCache
@@ -147,22 +147,32 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     request's, not of every request's (these dicts are never changed once made). A fresh assembly's
     decision taken again from the request before (policies/decision_reuse.py: the same `Decision`
     instance) gives the dict made for it then, without making and comparing another (`_dict_of`)."""
-    if record.restored is not None:
-        return _notable_restored(record)
-    forwarded = record.forwarded
     base = record.base_decisions if record.base_request_id is not None else None
     out = {}
-    for decision in record.decided:
-        if decision.action == "verbatim":
-            continue
-        index = decision.index
-        made = _dict_of(decision, forwarded[index][1] if index in forwarded else None)
+    for index, made in _made_notable(record):
         if base is not None:
             held = base.get(index)
             if held is not None and held is not made and held == made:
                 made = held
         out[index] = made
     return out
+
+
+def _made_notable(record: AssemblyRecord) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, decision) of each per-message decision but `verbatim`, as a dict naming the digest of
+    what replaced its message: a record read back has its dicts already, a fresh assembly's are made
+    only for these (a request's messages are mostly `verbatim`), once per `Decision` (`_dict_of`)."""
+    forwarded = record.forwarded
+    if record.restored is not None:
+        for decision in record.restored:
+            index = decision.get("index")
+            if index is not None and decision.get("action") != "verbatim":
+                yield index, {**decision, "forwarded": forwarded[index][1]} if index in forwarded else decision
+        return
+    for decision in record.decided:
+        if decision.action != "verbatim":
+            index = decision.index
+            yield index, _dict_of(decision, forwarded[index][1] if index in forwarded else None)
 
 
 def _dict_of(decision: Decision, digest: str | None) -> dict[str, Any]:
@@ -177,25 +187,6 @@ def _dict_of(decision: Decision, digest: str | None) -> dict[str, Any]:
         made["forwarded"] = digest
     object.__setattr__(decision, "_as_notable", (digest, made))
     return made
-
-
-def _notable_restored(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
-    """`_notable` of a record read back (its decisions are dicts already)."""
-    forwarded = record.forwarded
-    base = record.base_decisions if record.base_request_id is not None else None
-    out = {}
-    for decision in record.restored or ():
-        index = decision.get("index")
-        if index is None or decision.get("action") == "verbatim":
-            continue
-        if index in forwarded:
-            decision = {**decision, "forwarded": forwarded[index][1]}
-        if base is not None:
-            held = base.get(index)
-            if held is not None and held == decision:
-                decision = held
-        out[index] = decision
-    return out
 
 
 def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
