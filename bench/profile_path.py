@@ -9,6 +9,10 @@ stack passes through each part. py-spy is not a dependency of the gateway: insta
 process's memory (ptrace: root, or `kernel.yama.ptrace_scope` 0).
 
     .venv/bin/python bench/profile_path.py --transcript synthetic-100 --requests 600
+
+`--burst-mb N` profiles large bodies instead: each request a conversation of its own of at most N MiB
+(bench/memory_burst.py's burst bodies: 40 tool rounds), sent one after another, sampled on every thread
+that runs (not only the GIL's holder: tiktoken and zlib let it go while they work).
 """
 from __future__ import annotations
 
@@ -21,11 +25,13 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_transcripts import TOOLS, Transcript, alternating_sender, synthetic_session, trace_session  # noqa: E402
+from memory_burst import MIB, burst_bodies  # noqa: E402
 
 # A part is named by a frame any of its samples' stacks passes through.
 PARTS = {
@@ -60,6 +66,17 @@ def shares(raw: Path) -> tuple[int, dict[str, float]]:
     return total, {part: found[part] / total if total else 0.0 for part in PARTS}
 
 
+def body_sender(client: Any, bodies: list[bytes]) -> Callable[[int], None]:
+    """`send(number)`: posts `bodies[number]`; anything but a 200 ends the run with the gateway's words."""
+
+    def send(number: int) -> None:
+        response = client.post("/chat/completions", content=bodies[number])
+        if response.status_code != 200:
+            raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
+
+    return send
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transcript", default="synthetic-100", help="trace-99 or synthetic-N (default synthetic-100)")
@@ -69,6 +86,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples a second (default 500)")
     parser.add_argument("--py-spy", dest="py_spy", default=shutil.which("py-spy"), help="the py-spy binary")
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--burst-mb", dest="burst_mb", type=float, default=0,
+                        help="profile bodies of this many MiB, one conversation each, instead of --transcript")
     args = parser.parse_args()
     if not args.py_spy:
         raise SystemExit("py-spy not found: `pip install py-spy` (anywhere) and pass --py-spy PATH")
@@ -78,29 +97,32 @@ def main() -> None:
     from conversation_memory import Gateway
 
     transcript = transcript_named(args.transcript)
+    bodies = burst_bodies(args.warmup + args.requests, int(args.burst_mb * MIB)) if args.burst_mb > 0 else []
+    name = f"bodies of {args.burst_mb:g} MiB" if bodies else transcript.name
     with tempfile.TemporaryDirectory(prefix="profile-path-") as folder:
         raw = args.raw or Path(folder) / "stacks.txt"
         with Gateway(Path(folder), policy=args.policy) as gateway, \
                 httpx.Client(base_url=gateway.api_base, headers=gateway.headers, timeout=120, trust_env=False) as client:
-            send = alternating_sender(client, transcript)
+            send = body_sender(client, bodies) if bodies else alternating_sender(client, transcript)
             for number in range(args.warmup):
                 send(number)
-            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--rate", str(args.rate), "--gil",
+            threads = [] if bodies else ["--gil"]
+            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--rate", str(args.rate), *threads,
                                     "--nonblocking", "--format", "raw", "--output", str(raw)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(1.5)  # py-spy attaches
             if spy.poll() is not None:
                 raise SystemExit(f"py-spy could not sample: {spy.stderr.read().decode(errors='replace')[:500]}")
             started, cpu = time.perf_counter(), time.process_time()
-            for number in range(args.requests):
+            for number in range(args.warmup, args.warmup + args.requests):
                 send(number)
             wall, cpu = time.perf_counter() - started, time.process_time() - cpu
             spy.send_signal(2)  # py-spy writes what it has on SIGINT
             spy.wait(60)
         total, parts = shares(raw)
-    print(f"{transcript.name}, {args.policy}: {wall / args.requests * 1000:.2f} ms wall and "
+    print(f"{name}, {args.policy}: {wall / args.requests * 1000:.2f} ms wall and "
           f"{cpu / args.requests * 1000:.2f} ms CPU a request (this process: the gateway and its client), "
-          f"{total} samples holding the GIL")
+          f"{total} samples {'of running threads' if bodies else 'holding the GIL'}")
     for part, share in parts.items():
         print(f"  {share * 100:5.1f}%  {part}")
     print(f"  {max(0.0, 1 - sum(parts.values())) * 100:5.1f}%  at least, the rest (the ASGI stack, uvicorn, the event "

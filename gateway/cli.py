@@ -24,7 +24,9 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import CONFIG_ENV, create_app
     from gateway.edge.connections import PROTOCOL
     from gateway.ops.logs import logging_config, serve_logging
+    from gateway.ops.memory import limit_malloc_arenas
 
+    limit_malloc_arenas()  # before the first thread the gateway starts, and for its workers
     settings = load_settings(args.config)
     serve_logging(settings.log_level, settings.log_format, settings.access_log)  # every line from here on
     # What it stands on answers before it serves; with several processes on one socket the schema is
