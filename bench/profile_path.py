@@ -107,8 +107,8 @@ def main() -> None:
             for number in range(args.warmup):
                 send(number)
             threads = [] if bodies else ["--gil"]
-            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--rate", str(args.rate), *threads,
-                                    "--nonblocking", "--format", "raw", "--output", str(raw)],
+            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(os.getpid()), "--rate", str(args.rate),
+                                    *threads, "--nonblocking", "--format", "raw", "--output", str(raw)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(1.5)  # py-spy attaches
             if spy.poll() is not None:
