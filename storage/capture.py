@@ -166,19 +166,21 @@ class Capture(ConversationReads, RunOutcomes):
                     blobs[artifact["blob_key"]] = raw
             if role == "assistant" and node.message.get("tool_calls"):
                 asking.append(node)
-        self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
-        self._write_blobs(connection, blobs, now)
-        self._insert_ignoring_conflicts(connection, ToolCall, self._call_rows(connection, tenant, asking, now))
-        self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
+        call_rows = self._call_rows(connection, tenant, asking, now)  # its read first: the writes go as one batch
         joining = [{"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members]
-        if self.is_postgresql:  # counted by the reads after the capture (storage/artifact_members.py)
-            self._insert_ignoring_conflicts(connection, ConversationNode, joining)
-            in_conversation = None
-        else:
-            joined = self._insert_ignoring_conflicts(connection, ConversationNode, joining, returning="node_id")
-            in_conversation = artifact_members(connection, conversation, stored_members,
-                                               inserted_artifacts(path, joined))
-        connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
+        with self._batched(connection):  # PostgreSQL: one round trip for them all
+            self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
+            self._write_blobs(connection, blobs, now)
+            self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
+            self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
+            if self.is_postgresql:  # counted by the reads after the capture (storage/artifact_members.py)
+                self._insert_ignoring_conflicts(connection, ConversationNode, joining)
+                in_conversation = None
+            else:
+                joined = self._insert_ignoring_conflicts(connection, ConversationNode, joining, returning="node_id")
+                in_conversation = artifact_members(connection, conversation, stored_members,
+                                                   inserted_artifacts(path, joined))
+            connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
         return Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
                        incarnation, in_conversation)
 

@@ -81,9 +81,10 @@ class RunOutcomes(Conversations):
                 conversation = opening_conversation_id(tenant, leaf, outcome.answer)
                 self._adopt_first_run(connection, tenant, request_id, conversation)
             if assembly_row is not None:
-                self._insert_ignoring_conflicts(connection, ForwardedMessage, [
-                    {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
-                connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
+                with self._batched(connection):  # PostgreSQL: one round trip for both
+                    self._insert_ignoring_conflicts(connection, ForwardedMessage, [
+                        {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
+                    connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
             return True
 
         return self._in_transaction(write)

@@ -5,10 +5,12 @@ import contextlib
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
+import psycopg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore
@@ -57,6 +59,22 @@ class StoreBase:
             return self._group.run(work)
         with self.engine.begin() as connection:
             return work(connection)
+
+    @contextlib.contextmanager
+    def _batched(self, connection: Connection) -> Iterator[None]:
+        """On PostgreSQL, the statements executed inside go to the server together and their results
+        come back in one round trip at the end (psycopg's pipeline mode): for statements whose results
+        nobody reads, such as inserts without RETURNING. An error the server reports for one of them
+        is raised at the end, as SQLAlchemy's exception for it (IntegrityError, DataError, ...), as an
+        execute would have raised it. Elsewhere the statements go one by one."""
+        if not self.is_postgresql:
+            yield
+            return
+        try:
+            with connection.connection.driver_connection.pipeline():  # type: ignore[union-attr]
+                yield
+        except psycopg.Error as exc:  # the pipeline's sync: outside SQLAlchemy's execute and its wrapping
+            raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
 
     @property
     def is_postgresql(self) -> bool:
