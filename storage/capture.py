@@ -168,9 +168,10 @@ class Capture(ConversationReads, RunOutcomes):
                 asking.append(node)
         call_rows = self._call_rows(connection, tenant, asking, now)  # its read first: the writes go as one batch
         joining = [{"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members]
+        # Not in the batch: a file is written only once its registry row's lock is held, not merely asked for.
+        self._write_blobs(connection, blobs, now)
         with self._batched(connection):  # PostgreSQL: one round trip for them all
             self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
-            self._write_blobs(connection, blobs, now)
             self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
             self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
             if self.is_postgresql:  # counted by the reads after the capture (storage/artifact_members.py)

@@ -3,16 +3,22 @@ pipeline mode), and an error the server reports for one of them is SQLAlchemy's,
 be, so the capture's retry (IntegrityError) and its 400 for an unstorable value (DataError) still work."""
 from __future__ import annotations
 
+import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import DataError, IntegrityError
 
+from policies.transcript import message_path
+from storage.blobs import DirectoryBlobStore
+from storage.database import make_engine
+from storage.record_types import RunStart
 from storage.records import RecordStore
-from storage.schema import ConversationNode, MessageNode
+from storage.schema import Blob, ConversationNode, MessageNode
 from testkit.gateway import make_store
 
 NOW = datetime(2026, 12, 4, tzinfo=timezone.utc)
@@ -62,5 +68,56 @@ def test_a_violation_the_server_reports_at_the_batch_end_is_sqlalchemys_and_noth
         with store.engine.begin() as connection, store._batched(connection):  # the pool's connection still serves
             store._insert_ignoring_conflicts(connection, MessageNode, [_node(3)])
         assert _count(store, MessageNode) == 1
+    finally:
+        store.engine.dispose()
+
+
+class _PutsSeen(DirectoryBlobStore):
+    """A directory store that notes each file written (or checked) by a capture."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.puts: list[str] = []
+
+    def put(self, data: bytes) -> str:
+        key = super().put(data)
+        self.puts.append(key)
+        return key
+
+
+def test_a_capture_writes_a_blob_file_only_once_it_holds_the_row_a_collection_has_locked(
+        postgres_url: str, tmp_path: Path) -> None:
+    """The blob protocol (storage/deletion.py) under the batched writes: while a collection holds a blob's
+    registry row (deleted, not yet committed), a capture that needs the same file waits before writing it,
+    and writes it anew once the collection has removed it: the file is there when the capture commits."""
+    blobs = _PutsSeen(tmp_path / "blobs")
+    store = RecordStore(make_engine(postgres_url), blobs, inline_max_bytes=1024)
+    store.create_schema()
+    output = "log line\n" * 1000  # over the inline limit: a blob file
+
+    def capture(number: int) -> None:
+        store.ingest(message_path("acme", [
+            {"role": "user", "content": f"conversation {number}"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": output}]), RunStart(
+            request_id=f"req_{number:032x}", tenant="acme", participant="p", model="fake",
+            upstream_model="openai/fake", stream=False))
+
+    try:
+        capture(1)
+        (key,) = set(blobs.puts)
+        blobs.puts.clear()
+        with store.engine.connect() as collection:
+            collection.begin()
+            assert collection.execute(delete(Blob).where(Blob.key == key)).rowcount == 1  # the row, locked
+            second = threading.Thread(target=capture, args=(2,))
+            second.start()
+            time.sleep(1.0)
+            assert blobs.puts == [] and second.is_alive()  # waiting for the row, the file not touched
+            blobs.delete(key)
+            collection.commit()
+        second.join(30)
+        assert blobs.puts == [key] and blobs.get(key) == output.encode()
     finally:
         store.engine.dispose()
