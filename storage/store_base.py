@@ -67,11 +67,12 @@ class StoreBase:
         nobody reads, such as inserts without RETURNING. An error the server reports for one of them
         is raised at the end, as SQLAlchemy's exception for it (IntegrityError, DataError, ...), as an
         execute would have raised it. Elsewhere the statements go one by one."""
-        if not self.is_postgresql:
+        pipeline = getattr(connection.connection.driver_connection, "pipeline", None) if self.is_postgresql else None
+        if pipeline is None:  # SQLite, or a PostgreSQL driver other than psycopg 3
             yield
             return
         try:
-            with connection.connection.driver_connection.pipeline():  # type: ignore[union-attr]
+            with pipeline():
                 yield
         except psycopg.Error as exc:  # the pipeline's sync: outside SQLAlchemy's execute and its wrapping
             raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
