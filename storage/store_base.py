@@ -65,8 +65,9 @@ class StoreBase:
         """On PostgreSQL, the statements executed inside go to the server together and their results
         come back in one round trip at the end (psycopg's pipeline mode): for statements whose results
         nobody reads, such as inserts without RETURNING. An error the server reports for one of them
-        is raised at the end, as SQLAlchemy's exception for it (IntegrityError, DataError, ...), as an
-        execute would have raised it. Elsewhere the statements go one by one."""
+        is raised by a later statement of the batch or at its end, as SQLAlchemy's exception for it
+        (IntegrityError, DataError, ...), the class an execute would have raised; the statement SQLAlchemy
+        names with it may be a later one. Elsewhere the statements go one by one."""
         pipeline = getattr(connection.connection.driver_connection, "pipeline", None) if self.is_postgresql else None
         if pipeline is None:  # SQLite, or a PostgreSQL driver other than psycopg 3
             yield
