@@ -68,9 +68,12 @@ if os.environ.get("GATEWAY_MEMORY_HOOK"):
                 found._passed.clear()
             elif isinstance(found, BodyLayouts):
                 held["body_layouts_mb"] += found._held / 1e6
+                held["body_layouts_parsed_mb"] = held.get("body_layouts_parsed_mb", 0.0) + found._parsed_held / 1e6
                 found._layouts.clear()
                 found._sighted.clear()
                 found._held = 0
+                found._parsed.clear()
+                found._parsed_held = 0
         report["held"] = held
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)

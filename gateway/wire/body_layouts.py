@@ -21,6 +21,13 @@ no second `messages` key). Anything else is digested message by message, as with
 
 Nothing of any tenant's content is served from here: a digest is taken over only for bytes the
 caller sent again. The bodies are held for a while (by count and bytes), like the seen messages.
+
+The parse itself is bounded the same way (`spliced`): a recent checked body's messages are held as
+they were parsed (within `parsed_bytes` of their bodies), found again by the bytes up to the end of a
+body's second message, and a body that begins with its bytes up to the end of its k-th message is
+parsed without them: only its first message and what follows the k-th are read, and the k - 1
+messages between are that body's own objects (equal values: the same bytes). The caller takes the
+splice only where `lay_out` then shows the rest of the bytes hold no other array of messages.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from typing import Any, NamedTuple, Sequence
 
 import orjson
 
+from gateway.wire.json_body import parse_plainly_but
 from policies.canonical import exact_digest, text_digest, trim_oldest
 
 # From a place outside any string: everything up to the next bracket or brace (strings skipped whole).
@@ -37,11 +45,15 @@ _STRUCTURE = re.compile(rb'[^"\[\]{}]*+(?:"(?:[^"\\]++|\\.)*+"[^"\[\]{}]*+)*+([\
 # Tokens of an object's own level: strings, brackets and braces, colons and commas.
 _TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}:,]')
 _SPACE = b" \t\n\r"
+_SPACES = re.compile(rb"[ \t\n\r]*")
+_MESSAGES_HINT = re.compile(rb'"messages"[ \t\n\r]*:[ \t\n\r]*\[')
 _MESSAGES = b'"messages"'
+_PLAIN_START = b'{"messages":['  # as the OpenAI SDK writes a chat body: its messages first
+MIN_SPLICED_BYTES = 16 * 1024  # a splice spares the parse of at least this many bytes, or is not tried
 
 
 class Layout:
-    __slots__ = ("raw", "ends", "close", "digests", "compact", "checked")
+    __slots__ = ("raw", "ends", "close", "digests", "compact", "checked", "messages")
 
     def __init__(self, raw: bytes, ends: list[int], close: int, digests: list[bytes | None], compact: bool) -> None:
         self.raw = raw
@@ -50,6 +62,7 @@ class Layout:
         self.digests = digests
         self.compact = compact  # `raw` is exactly orjson's text of its parse
         self.checked = False  # the body passed its format's checks (`BodyLayouts.passed`)
+        self.messages: tuple[Any, ...] | None = None  # as parsed, while `BodyLayouts.spliced` may share them
 
 
 class Laid(NamedTuple):
@@ -65,9 +78,10 @@ Key = tuple[bytes | None, bytes | None]
 MAX_SCANNED_SHARE = 4  # bytes scanned at most 1/4 of the bytes recognised: a scan costs ~4x a digest per byte
 
 
-def _element_ends(raw: bytes, start: int) -> tuple[list[int], int] | None:
+def _element_ends(raw: bytes, start: int, most: int = 0) -> tuple[list[int], int] | None:
     """The ends of the objects of an array from `start` (just inside its `[`, or just past one of its
-    elements), and the offset of its `]`; None where an element is no object."""
+    elements), and the offset of its `]`; None where an element is no object. With `most`, only the
+    first `most` ends are looked for (the offset of the `]` is then -1)."""
     ends: list[int] = []
     depth, position = 0, start
     for match in _STRUCTURE.finditer(raw, start):
@@ -85,6 +99,8 @@ def _element_ends(raw: bytes, start: int) -> tuple[list[int], int] | None:
             depth -= 1
             if depth == 0:
                 ends.append(position)
+                if len(ends) == most:
+                    return ends, -1
     return None
 
 
@@ -122,21 +138,41 @@ def _object_level(raw: bytes, start: int, stop_at: bytes | None) -> int | None:
     return None
 
 
-def _scanned(raw: bytes, count: int) -> tuple[list[int], int] | None:
-    """Message ends and the array's close in a body of any spacing, found by scanning it whole."""
-    offset = len(raw) - len(raw.lstrip(_SPACE))
+def _messages_start(raw: bytes) -> int | None:
+    """The offset just inside the `[` of a body's top-level `messages` (the only key that may be it)."""
+    if raw.startswith(_PLAIN_START):
+        return len(_PLAIN_START)
+    offset = _past_space(raw, 0)
     if raw[offset:offset + 1] != b"{":
         return None
     after_key = _object_level(raw, offset + 1, _MESSAGES)
     if after_key is None:
         return None
-    start = len(raw) - len(raw[after_key:].lstrip(_SPACE))
-    if raw[start:start + 1] != b"[":
-        return None
-    found = _element_ends(raw, start + 1)
+    start = _past_space(raw, after_key)
+    return start + 1 if raw[start:start + 1] == b"[" else None
+
+
+def _past_space(raw: bytes, position: int) -> int:
+    """The offset of the first byte at or after `position` that is no JSON white space (no copy of `raw`)."""
+    return _SPACES.match(raw, position).end()  # type: ignore[union-attr]
+
+
+def _scanned(raw: bytes, count: int) -> tuple[list[int], int] | None:
+    """Message ends and the array's close in a body of any spacing, found by scanning it whole."""
+    start = _messages_start(raw)
+    found = _element_ends(raw, start) if start is not None else None
     if found is None or len(found[0]) != count or _object_level(raw, found[1] + 1, None) is None:
         return None
     return found
+
+
+def _head(raw: bytes) -> bytes | None:
+    """A body's bytes up to the end of its second message, found without parsing it (None: not found).
+    Only a key to look up held bodies by (`BodyLayouts.spliced` shows what it found): the first array
+    after a `"messages":` anywhere is taken for the messages, without a walk over what precedes it."""
+    hint = _MESSAGES_HINT.search(raw)
+    found = _element_ends(raw, hint.end(), most=2) if hint is not None else None
+    return raw[:found[0][1]] if found is not None and len(found[0]) == 2 else None
 
 
 def _texts_from(raw: bytes, position: int, texts: Sequence[bytes], first: bool) -> tuple[list[int], int] | None:
@@ -185,21 +221,53 @@ def _as_orjson_writes(raw: bytes, body: dict[str, Any], texts: list[bytes]) -> t
 
 class BodyLayouts:
     """Recent chat bodies' layouts, by the digests of their first two messages (`per_key` bodies each),
-    at most `limit_bytes` of bodies in all (the least recently used go first)."""
+    at most `limit_bytes` of bodies in all (the least recently used go first); and the parsed messages
+    of recent checked bodies, by the bytes up to their second message's end (`per_key` bodies each), at
+    most `parsed_bytes` of those bodies."""
 
-    def __init__(self, limit_bytes: int = 64 * 1024 * 1024, per_key: int = 4) -> None:
-        self.limit_bytes, self.per_key = limit_bytes, per_key
+    def __init__(self, limit_bytes: int = 64 * 1024 * 1024, per_key: int = 4,
+                 parsed_bytes: int = 16 * 1024 * 1024) -> None:
+        self.limit_bytes, self.per_key, self.parsed_bytes = limit_bytes, per_key, parsed_bytes
         self._layouts: dict[Key, list[Layout]] = {}
         self._sighted: dict[Key, None] = {}  # keys seen in a body not laid out (a scan waits for the second)
         self._held = 0
+        self._parsed: dict[bytes, list[Layout]] = {}  # by `text_digest(_head(raw))`: those holding `messages`
+        self._parsed_held = 0
         self._lock = threading.Lock()
 
-    def lay_out(self, raw: bytes, body: dict[str, Any]) -> Laid:
+    def spliced(self, raw: bytes) -> tuple[dict[str, Any], list[Any], tuple[Layout, int]] | None:
+        """`parse_plainly_but(raw, "messages")` (the body, its messages unchecked) without parsing
+        the messages `raw` shares with a recent checked body past its first, where it shares at least
+        `MIN_SPLICED_BYTES` of them, and that body with how many it shares; None otherwise, or where the
+        rest does not parse plainly (the caller parses whole, and any 400 names the place in the whole
+        body). The caller confirms the splice with `lay_out` (`Laid.layout` not None) before anything
+        else: the bytes after the shared messages are not looked at here (they may hold a second
+        `messages` key, whose value the parse keeps)."""
+        head = _head(raw)
+        best, shared = _most_shared(raw, self._parsed.get(text_digest(head), ()) if head is not None else (), None)
+        messages = best.messages if best is not None else None
+        if best is None or messages is None or shared < 2 or best.ends[shared - 1] - best.ends[0] < MIN_SPLICED_BYTES:
+            return None
+        parsed = parse_plainly_but(raw[:best.ends[0]] + raw[best.ends[shared - 1]:], "messages")
+        if parsed is None or not parsed[1]:
+            return None
+        body, rest = parsed
+        rest = [rest[0], *messages[1:shared], *rest[1:]]
+        body["messages"] = rest
+        return body, rest, (best, shared)
+
+    def lay_out(self, raw: bytes, body: dict[str, Any], based: tuple[Layout, int] | None = None) -> Laid:
         """`exact_digest` of each of `body["messages"]` (`body`: orjson's parse of `raw`, at least two
-        messages), taken from a recent body for the messages whose bytes it holds."""
+        messages), taken from a recent body for the messages whose bytes it holds. `based`: that body
+        and how many messages `raw` shares with it, where the caller found them (`spliced`)."""
         messages = body["messages"]
-        key = (exact_digest(messages[0]), exact_digest(messages[1]))
-        found = self._extended(raw, body, key) if key in self._layouts else None
+        if based is not None:
+            best, shared = based
+            key = (best.digests[0], best.digests[1])  # the same bytes: the same messages
+            found = self._extended_from(raw, body, best, shared)
+        else:
+            key = (exact_digest(messages[0]), exact_digest(messages[1]))
+            found = self._extended(raw, body, key) if key in self._layouts else None
         layout, checked = found if found is not None else (self._laid_out(raw, body, key), 0)
         if layout is None:
             return Laid([exact_digest(message) for message in messages], None, 0)
@@ -208,29 +276,48 @@ class BodyLayouts:
         self._remember(key, layout)
         return Laid(layout.digests, layout, checked)
 
-    @staticmethod
-    def passed(laid: Laid) -> None:
-        """The body of `laid` passed its format's checks (each of which looks at a message and what
-        precedes it alone, so any prefix of its messages passes them too)."""
-        if laid.layout is not None:
-            laid.layout.checked = True
+    def passed(self, laid: Laid, messages: list[Any]) -> None:
+        """The body of `laid`, whose parse holds `messages`, passed its format's checks (each of which
+        looks at a message and what precedes it alone, so any prefix of its messages passes them too):
+        its messages are held for `spliced` (a copy of the list: the caller's may change)."""
+        layout = laid.layout
+        if layout is None:
+            return
+        layout.checked = True
+        if len(layout.ends) < 2 or len(layout.raw) > self.parsed_bytes:
+            return
+        head = text_digest(layout.raw[:layout.ends[1]])
+        with self._lock:
+            known = self._parsed.pop(head, [])
+            kept = [layout, *(entry for entry in known if entry is not layout)]
+            for dropped in kept[self.per_key:]:
+                self._parsed_held -= len(dropped.raw)
+                dropped.messages = None
+            self._parsed[head] = kept[:self.per_key]  # last in order: the most recently used
+            if not any(entry is layout for entry in known):
+                layout.messages = tuple(messages)
+                self._parsed_held += len(layout.raw)
+            while self._parsed_held > self.parsed_bytes:
+                for dropped in self._parsed.pop(next(iter(self._parsed))):
+                    self._parsed_held -= len(dropped.raw)
+                    dropped.messages = None
+
+    @property
+    def parsed_held_bytes(self) -> int:
+        """The bytes of the bodies whose parsed messages are held for `spliced`."""
+        return self._parsed_held
 
     def _extended(self, raw: bytes, body: dict[str, Any], key: Key) -> tuple[Layout, int] | None:
         """The layout of `raw` from the recent body sharing the most messages with it, if one does, and
         how many of them a checked body holds."""
+        best, shared = _most_shared(raw, self._layouts.get(key, ()), len(body["messages"]))
+        return self._extended_from(raw, body, best, shared) if best is not None else None
+
+    @staticmethod
+    def _extended_from(raw: bytes, body: dict[str, Any], best: Layout, shared: int) -> tuple[Layout, int] | None:
+        """The layout of `raw`, whose first `shared` messages are `best`'s bytes, and how many of them a
+        checked body holds; None where the rest of `raw` is not shown to be `body`'s other messages."""
         messages = body["messages"]
-        best, shared = None, 0
-        for known in self._layouts.get(key, ()):
-            if best is None:
-                count = _shared_messages(raw, known, len(messages))
-            elif len(known.ends) > shared and raw.startswith(memoryview(known.raw)[:known.ends[shared]]):
-                count = _shared_messages(raw, known, len(messages))
-            else:
-                continue
-            if count > shared:
-                best, shared = known, count
-        if best is None:
-            return None
         checked = shared if best.checked else 0
         if len(raw) == len(best.raw) and raw == best.raw:
             return best, checked
@@ -295,6 +382,19 @@ class BodyLayouts:
     @property
     def held_bytes(self) -> int:
         return self._held
+
+
+def _most_shared(raw: bytes, known: Sequence[Layout], limit: int | None) -> tuple[Layout | None, int]:
+    """The body of `known` whose first messages (at most `limit`; None: all) `raw` holds the most of in
+    the same bytes, and how many; (None, 0) where none shares one."""
+    best, shared = None, 0
+    for layout in known:
+        if best is None or (len(layout.ends) > shared
+                            and raw.startswith(memoryview(layout.raw)[:layout.ends[shared]])):
+            count = _shared_messages(raw, layout, len(layout.ends) if limit is None else limit)
+            if count > shared:
+                best, shared = layout, count
+    return best, shared
 
 
 def _shared_messages(raw: bytes, layout: Layout, limit: int) -> int:

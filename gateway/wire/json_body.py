@@ -98,17 +98,22 @@ def parse_json_object_but(raw: bytes, key: str | None) -> tuple[dict[str, Any], 
     items it needs to with `plain_item` (a chat request's messages: those seen before need no look,
     gateway/wire/openai_chat.py), and must parse with `parse_json_object` when one is not plain.
     Otherwise (and for `key` None) the list is None and everything was checked."""
+    return parse_plainly_but(raw, key) or (_parse_slowly(raw), None)
+
+
+def parse_plainly_but(raw: bytes, key: str | None) -> tuple[dict[str, Any], list[Any] | None] | None:
+    """`parse_json_object_but` where orjson reads the body as `json.loads` does, else None (no error:
+    the caller's whole parse names it)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        pass
-    else:
-        if type(body) is dict:
-            items = body.get(key)
-            left = items if type(items) is list else None
-            if _plainly_parsed(body, left=left):
-                return body, left
-    return _parse_slowly(raw), None
+        return None
+    if type(body) is dict:
+        items = body.get(key)
+        left = items if type(items) is list else None
+        if _plainly_parsed(body, left=left):
+            return body, left
+    return None
 
 
 def plain_item(item: Any) -> bool:

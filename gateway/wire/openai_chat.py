@@ -18,7 +18,7 @@ from gateway.wire import NeutralRequest
 from gateway.wire.json_body import (
     check_count, check_text, param_path, parse_json_object, parse_json_object_but, plain_item,
 )
-from gateway.wire.body_layouts import BodyLayouts
+from gateway.wire.body_layouts import BodyLayouts, Laid
 from gateway.wire.seen_messages import MIN_MESSAGES, SeenMessages, message_digests
 from policies.protocol import orphan_tool_messages
 
@@ -135,7 +135,7 @@ def _check_messages(checked: _ChatBody, messages: list[dict[str, Any]], indices:
 
 
 def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
-                    raw: bytes | None = None) -> NeutralRequest:
+                    raw: bytes | None = None, laid: Laid | None = None) -> NeutralRequest:
     """A parsed body checked as a chat completion request: the messages it holds that passed before
     (gateway/wire/seen_messages.py) are not checked again, and their digests go on with the request.
 
@@ -143,16 +143,16 @@ def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
     body): those not seen before are checked here, and the body is parsed again by `parse_json_object`
     if one is not as `json.loads` reads it. A message is remembered only when orjson's reading of it was
     checked (a message read by `json.loads` may hold an integer past 64 bits that orjson reads as the
-    same float it holds), so a message seen before is plain too: the same JSON, in the same place."""
+    same float it holds), so a message seen before is plain too: the same JSON, in the same place.
+    `laid`: the body's layout, when the caller has it already (`OpenAIChat.parse`)."""
     messages = body.get("messages")
     digests: list[bytes | None] | None = None
-    laid = None
     indices: Sequence[int] = range(len(messages)) if isinstance(messages, list) else ()
     validated = body
     if isinstance(messages, list) and len(messages) >= MIN_MESSAGES:
         # A body orjson read whole: the digests of the messages it shares with a recent body's bytes are that body's.
         if unread is not None and raw is not None:
-            laid = _LAYOUTS.lay_out(raw, body)
+            laid = laid or _LAYOUTS.lay_out(raw, body)
             digests = laid.digests
         else:
             digests = message_digests(messages)
@@ -182,7 +182,7 @@ def parse_chat_body(body: dict[str, Any], unread: list[Any] | None = None,
     if digests is not None and unread is not None:
         _SEEN.passed(digests, indices)
     if laid is not None:
-        _LAYOUTS.passed(laid)
+        _LAYOUTS.passed(laid, messages)
     options = body.get("stream_options")
     return NeutralRequest(
         model=checked.model,
@@ -233,6 +233,14 @@ class OpenAIChat:
     marks_cache = False
 
     def parse(self, raw: bytes, max_messages: int | None = None) -> NeutralRequest:
+        """The body checked; its messages that a recent body shares are that body's objects, not parsed
+        again (gateway/wire/body_layouts.py `spliced`), once its layout shows the splice is the parse."""
+        spliced = _LAYOUTS.spliced(raw)
+        if spliced is not None:
+            body, unread, based = spliced
+            laid = _LAYOUTS.lay_out(raw, body, based)
+            if laid.layout is not None:
+                return parse_chat_body(check_count(body, "messages", max_messages), unread, raw, laid)
         body, unread = parse_json_object_but(raw, "messages")
         return parse_chat_body(check_count(body, "messages", max_messages), unread, raw)
 
