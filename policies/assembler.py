@@ -206,7 +206,7 @@ def _remember_decisions(state: Assembly, draft: _Draft, epochs: Epochs, latest: 
         len(messages), last_round, last_round.end if last_round else -1, state.now, dict(state.records.artifacts),
         frozenset(latest), frozenset(trailing), dict(state.superseder), dict(state.retried_at),
         dict(state.duplicate), epochs.boundary, epochs.epoch_round, dict(epochs.as_of), epochs.pinned, draft.results,
-        state.arguments_decided()))
+        state.arguments_decided(), state.records.text_chars()))
 
 
 def _projection(state: Assembly, draft: _Draft, epochs: Epochs, forwarded: list[dict[str, Any]]) -> Projection:

@@ -13,7 +13,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 from policies import decision_reuse
 from policies.assembly_types import Records
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache
 from policies.epoch_replay import EpochReplay
 from policies.excerpts import Kept, phrases_of, terms_of
 from policies.memories import compact_arguments, excerpt, holds, kept_summary, render_memory, terms_in, text_free
@@ -54,11 +54,12 @@ class _Earlier(NamedTuple):
     exact: dict[str, tuple[int, ...]]  # the ok outputs seen, by digest
     loose: dict[str, tuple[int, ...]]  # and by digest blind to timestamps and timings
     later: Scan
+    chars: int  # the text the views hold (`Records.text_chars`): what the entry weighs
 
 
 # `_Earlier` by (node id of its last message, context). Not mutated once stored. The views hold the
 # results' texts: a bounded share of them.
-_DUPLICATES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda found: views_text(found.views))
+_DUPLICATES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda found: found.chars)
 
 
 def _age(seconds: float) -> str:
@@ -150,7 +151,8 @@ class Assembly(EpochReplay):
                 table[key] = (*table.get(key, ()), index)
         if self.node_ids and self.messages and start < len(self.messages):
             _DUPLICATES.put((self.node_ids[-1], self.context_key),
-                            _Earlier(len(self.messages), dict(artifacts), self.duplicate, exact, loose, later))
+                            _Earlier(len(self.messages), dict(artifacts), self.duplicate, exact, loose, later,
+                                     self.records.text_chars()))
 
     def _earlier_request(self) -> _Earlier | None:
         """What `_index_duplicates` found and remembered for the latest earlier request of this

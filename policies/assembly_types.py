@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
+from policies.bounded_cache import views_text
 from policies.memo import memo
 from policies.memories import ArtifactView
 
@@ -31,6 +32,12 @@ class Records:
     sibling_artifacts: int = 0  # artifacts of the same session off this path
     subagent_results: Mapping[str, str] = field(default_factory=dict)  # sha256 -> tool name, of child runs' results
     rehydrated: frozenset[str] = frozenset()  # artifact ids a model had back whole through the rehydration tool
+    views_chars: int | None = None  # `views_text(artifacts)`, where the maker counted it (None: count it)
+
+    def text_chars(self) -> int:
+        """The characters of text the views hold (`policies.bounded_cache.views_text`): what a cache of
+        them weighs."""
+        return self.views_chars if self.views_chars is not None else views_text(self.artifacts)
 
     def lineage(self) -> set[str]:
         """Every artifact id this request's path may name: its results and its calls' arguments."""

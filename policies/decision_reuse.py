@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from policies.assembly_types import Decision
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache
 from policies.epoch_replay import Epochs
 from policies.policy import Policy
 from policies.rounds import Round
@@ -19,7 +19,7 @@ from policies.rounds import Round
 # the conversation's next request takes the same decisions for the messages whose inputs are unchanged
 # (see `unchanged`) and decides the rest again. One entry per request; small values (decisions,
 # memories' texts); the views are the records' own, holding the results' texts: a bounded share of them.
-DECISIONS = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda decided: views_text(decided.views))
+DECISIONS = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda decided: decided.chars)
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Decided:
     # assistant index -> its call arguments compacted (`Assembly.compacted_arguments`): a function of
     # its message, the artifact ids its calls' arguments were given (named by its node id) and the context
     arguments: dict[int, Any]
+    chars: int  # the text the views hold (`Records.text_chars`): what the entry weighs
 
 
 class ReuseFacts(Protocol):

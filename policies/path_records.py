@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from policies.assembly_types import Records
 from policies.memories import ArtifactView
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, views_text
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
@@ -78,7 +78,7 @@ def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> l
 # few conversations are kept: at most 128 entries, holding at most VIEWS_TEXT_BUDGET characters of
 # results (counted per entry, so shared views count more than once). Counted by entries alone, a burst
 # of conversations with multi-MB transcripts kept hundreds of MB after it (bench/large_bodies.py).
-_PREFIXES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda prefix: views_text(prefix.artifacts))
+_PREFIXES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda prefix: prefix.chars)
 _PREFIX_LOOKBACK = 16  # where an earlier request may have ended: within the last few messages
 
 
@@ -88,6 +88,7 @@ class _Prefix:
     artifacts: dict[int, ArtifactView]
     argument_refs: dict[tuple[int, str], str]
     calls: dict[str, tuple[int, Mapping]]  # the calls of the latest assistant message, by id
+    chars: int  # `views_text(artifacts)`, counted as the views were made
 
 
 def records_for_path(
@@ -106,14 +107,14 @@ def records_for_path(
     if prefix is not None:
         artifacts = dict(prefix.artifacts)
         argument_refs = dict(prefix.argument_refs)
-        calls = prefix.calls
+        calls, chars = prefix.calls, prefix.chars
         for position, view in prefix.artifacts.items():
             seen, owner = observed_at.get(view.artifact_id, now), owners.get(view.artifact_id, "")
             if view.observed_at != seen or view.owner_participant != owner:
                 artifacts[position] = replace(view, observed_at=seen, owner_participant=owner)
         start = prefix.length
     else:
-        artifacts, argument_refs, calls, start = {}, {}, {}, 0
+        artifacts, argument_refs, calls, start, chars = {}, {}, {}, 0, 0
     for node in path[start:]:
         message = node.message
         role = message.get("role")
@@ -128,6 +129,7 @@ def records_for_path(
             artifact_id = artifact_id_for(node.id)
             _, call = calls.get(str(message.get("tool_call_id")), (None, {}))
             function = call.get("function") or {}
+            chars += len(text) + len(function.get("arguments") or "")
             artifacts[node.position] = ArtifactView(
                 artifact_id=artifact_id,
                 tool_name=function.get("name"),
@@ -140,9 +142,9 @@ def records_for_path(
                 owner_participant=owners.get(artifact_id, ""),
             )
     if path and (prefix is None or prefix.length < len(path)):
-        _PREFIXES.put((path[-1].id, encoding), _Prefix(len(path), artifacts, argument_refs, calls))
+        _PREFIXES.put((path[-1].id, encoding), _Prefix(len(path), artifacts, argument_refs, calls, chars))
     return Records(artifacts=dict(artifacts), argument_refs=dict(argument_refs), sibling_artifacts=sibling_artifacts,
-                   subagent_results=dict(subagent_results or {}), rehydrated=rehydrated)
+                   subagent_results=dict(subagent_results or {}), rehydrated=rehydrated, views_chars=chars)
 
 
 def _earlier_prefix(path: Sequence[PathNode], encoding: str) -> _Prefix | None:

@@ -1,6 +1,8 @@
 """policies/bounded_cache.py: entries and, when weighed, the text they keep alive, both bounded."""
 from __future__ import annotations
 
+from typing import Any
+
 from policies.bounded_cache import BoundedCache, views_text
 from policies.memories import ArtifactView
 
@@ -32,3 +34,21 @@ def test_views_are_weighed_by_their_text() -> None:
                             tokens=1, observed_at=0.0)
 
     assert views_text({1: view("abc"), 4: view("de")}) == 5 and views_text({}) == 0
+
+
+def test_records_count_the_text_of_their_views_as_views_text_does() -> None:
+    """What the caches of views weigh (`Records.text_chars`): the count `records_for_path` keeps as it
+    extends an earlier request's records, or `views_text` where none was kept."""
+    from policies.assembly_types import Records
+    from policies.canonical import message_path
+    from policies.path_records import records_for_path
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for n in range(12):
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{n}", "type": "function",
+             "function": {"name": "read", "arguments": "{\"n\": %d}" % n * (n + 1)}}]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": "ü" * (n * 7)}]
+        records = records_for_path(message_path("t", messages), 1_000.0)  # each extends the one before
+        assert records.views_chars is not None and records.text_chars() == views_text(records.artifacts) > 0
+    assert Records(artifacts=records.artifacts).text_chars() == views_text(records.artifacts)
