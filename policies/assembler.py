@@ -111,6 +111,22 @@ class _Draft:
             self.omissions[omission] += 1
         self.results[index] = (self.decisions[index], content, omission, after if content is not None else None)
 
+    def take_again(self, found: list[tuple[int, Result]]) -> None:
+        """`decide_again` for each (index, decision) of `found` in the same epoch as the earlier request:
+        its decision as it was (one loop: a 1,000-message request takes some 500 again)."""
+        out, sent_tokens, decisions, results = self.out, self.sent_tokens, self.decisions, self.results
+        omitted = []
+        for index, taken in found:
+            decision, content, omission, after = taken
+            if content is not None:
+                out[index] = {**out[index], "content": content}
+                sent_tokens[index] = after  # type: ignore[assignment]
+            decisions[index] = decision
+            if omission is not None:
+                omitted.append(omission)
+            results[index] = taken
+        self.omissions.update(omitted)
+
     def decide_again(self, index: int, found: Result, moved_from: str | None, epoch_round: int) -> None:
         """The decision an earlier request of the conversation took (`found`), its reason naming this
         request's epoch where it named the earlier's (`moved_from`)."""
@@ -148,18 +164,24 @@ def _decide_results(state: Assembly, draft: _Draft, epochs: Epochs, latest: set[
     previous, dirty = reuse if reuse is not None else (None, set())
     moved_from = f"epoch:{previous.epoch_round}" if previous is not None \
         and previous.epoch_round != epochs.epoch_round else None
-    for index, message in enumerate(state.messages):
-        view = state.records.artifacts.get(index)
-        if message.get("role") != "tool" or view is None:
+    messages, round_of = state.messages, state.round_of
+    again: list[tuple[int, Result]] = []  # decided as the earlier request decided them
+    for index, view in state.records.artifacts.items():  # the tool messages' views, by index
+        if index >= len(messages) or messages[index].get("role") != "tool":
             continue
-        rnd = state.round_of.get(index, 0)
+        rnd = round_of.get(index, 0)
         if previous is not None and index < previous.length and rnd and index not in dirty \
                 and previous.views.get(index) is view:
             found = previous.results.get(index)
-            if found is not None:  # decided as the earlier request decided it
-                draft.decide_again(index, found, moved_from, epochs.epoch_round)
+            if found is not None:
+                again.append((index, found))
             continue
         _decide_result(state, draft, index, view, rnd, epochs, latest, trailing)
+    if moved_from is None:
+        draft.take_again(again)
+    else:
+        for index, found in again:
+            draft.decide_again(index, found, moved_from, epochs.epoch_round)
 
 
 def _decide_result(state: Assembly, draft: _Draft, index: int, view: ArtifactView, rnd: int, epochs: Epochs,
