@@ -197,20 +197,23 @@ def test_the_parsed_messages_held_are_bounded() -> None:
     assert all(layout.messages is None for layout in chat_layouts if all(layout is not h for h in holding))
 
 
-@pytest.fixture
-def gateway(fake: FakeUpstream, sqlite_url: str, tmp_path: Path) -> Iterator[RunningGateway]:
-    tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": "coding-agent"}]
+@pytest.fixture(params=["coding-agent", "default", "passthrough"])
+def gateway(request: pytest.FixtureRequest, fake: FakeUpstream, sqlite_url: str,
+            tmp_path: Path) -> Iterator[RunningGateway]:
+    tenants = [{"id": "acme", "api_keys": [TENANT_KEY], "policy": request.param}]
     running, server = start_gateway(settings_for(fake.api_base, sqlite_url, tmp_path, tenants=tenants), fake)
     yield running
     server.stop()
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_through_the_app_no_shared_message_is_changed(layouts: BodyLayouts, monkeypatch: pytest.MonkeyPatch,
-                                                      gateway: RunningGateway, fake: FakeUpstream) -> None:
-    """Rounds of an agent whose old results the gateway compacts (memories, arguments compacted): every
-    request of a transcript long enough to be laid out is spliced but the first, and every message
-    object held for the next one is still what its body's bytes say, after capture, assembly, the
-    upstream call and the outcome have had it."""
+                                                      gateway: RunningGateway, fake: FakeUpstream,
+                                                      stream: bool, request: pytest.FixtureRequest) -> None:
+    """Rounds of an agent whose old results the gateway compacts (memories, arguments compacted) or, under
+    the other policies, forwards as they are: every request of a transcript long enough to be laid out
+    is spliced but the first, and every message object held for the next one is still what its body's
+    bytes say, after capture, assembly, the upstream call (JSON or streamed) and the outcome have had it."""
     splices = counting_splices(layouts, monkeypatch)
     messages = [{"role": "system", "content": "You are a coding agent."},
                 {"role": "user", "content": "Find the failing test and fix it."}]
@@ -224,12 +227,18 @@ def test_through_the_app_no_shared_message_is_changed(layouts: BodyLayouts, monk
         for resend in (False, True):
             fake.script_message({"role": "assistant", "content": f"round {n}"})
             with gateway.client(TENANT_KEY) as http:
-                answer = http.post("/v1/chat/completions", json={"model": "fake", "messages": messages})
+                answer = http.post("/v1/chat/completions",
+                                   json={"model": "fake", "messages": messages, "stream": stream})
             assert answer.status_code == 200, answer.text
+            assert f"round {n}" in answer.text
             assert not resend or len(messages) < MIN_MESSAGES or splices[-1]
     assert sum(splices) >= 30
     forwarded = fake.last_body()["messages"]
-    assert any("artifact:" in str(m.get("content")) or "art_" in str(m.get("content")) for m in forwarded[2:-10])
+    policy = request.node.callspec.params["gateway"]
+    if policy == "coding-agent":
+        assert any("artifact:" in str(m.get("content")) or "art_" in str(m.get("content")) for m in forwarded[2:-10])
+    if policy == "passthrough":
+        assert forwarded == messages
     held = [layout for known in layouts._parsed.values() for layout in known]
     assert held
     for layout in held:
