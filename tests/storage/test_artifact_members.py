@@ -4,11 +4,12 @@ counted yet, retention's claim, a first run adopted); and what the assembly is t
 branches is what that join gives, on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
+import itertools
 import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, update
 
@@ -110,3 +111,21 @@ def test_a_first_run_adopted_into_its_conversation_is_counted(store: RecordStore
     if not store.is_postgresql:
         assert _kept(store, later.conversation_id) == 3
     assert first.conversation_id in (later.conversation_id, f"req_{1:032x}")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=_requests)
+def test_siblings_are_the_joined_count_after_any_requests(store: RecordStore,
+                                                         requests: list[tuple[int, int, int]]) -> None:
+    """Branches drawn at random, on both databases (PostgreSQL counts in the reads after the capture,
+    SQLite keeps a figure): the siblings told after every capture are what the join gives."""
+    example = next(_EXAMPLES)
+    label = f"task-{example}"  # a conversation of its own per example (the store is shared)
+    for n, (main, branch, extra) in enumerate(requests):
+        messages = [*OPENING, *(m for k in range(main) for m in _round(k)),
+                    *(m for k in range(extra) for m in _round(100 * branch + 1000 + k))]
+        result = _ingest(store, messages, 1_000 * example + n, label=label)
+        assert result.sibling_artifacts == _siblings_as_joined(store, result, len(messages))
+
+
+_EXAMPLES = itertools.count(1)
