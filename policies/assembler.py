@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import replace
 from operator import is_
 from typing import Any, Mapping, Sequence
 
@@ -112,8 +113,8 @@ class _Draft:
         self.results[index] = (self.decisions[index], content, omission, after if content is not None else None)
 
     def take_again(self, found: list[tuple[int, Result]]) -> None:
-        """`decide_again` for each (index, decision) of `found` in the same epoch as the earlier request:
-        its decision as it was (one loop: a 1,000-message request takes some 500 again)."""
+        """Each (index, decision) of `found` as an earlier request of the conversation took it (one loop:
+        a 1,000-message request takes some 500 again)."""
         out, sent_tokens, decisions, results = self.out, self.sent_tokens, self.decisions, self.results
         omitted = []
         for index, taken in found:
@@ -127,21 +128,14 @@ class _Draft:
             results[index] = taken
         self.omissions.update(omitted)
 
-    def decide_again(self, index: int, found: Result, moved_from: str | None, epoch_round: int) -> None:
-        """The decision an earlier request of the conversation took (`found`), its reason naming this
-        request's epoch where it named the earlier's (`moved_from`)."""
-        decision, content, omission, after = found
-        if content is not None:
-            self.out[index] = {**self.out[index], "content": content}
-            self.sent_tokens[index] = after  # type: ignore[assignment]
-        if moved_from is not None and decision.reason == moved_from:
-            decision = Decision(decision.index, decision.role, decision.action, f"epoch:{epoch_round}",
-                                decision.artifact_id, decision.tokens_before, decision.tokens_after, decision.kept)
-            found = (decision, content, omission, after)
-        self.decisions[index] = decision
-        if omission is not None:
-            self.omissions[omission] += 1
-        self.results[index] = found
+
+def _in_epoch(found: Result, moved_from: str, epoch_round: int) -> Result:
+    """An earlier request's decision (`found`), its reason naming this request's epoch where it named
+    the earlier's (`moved_from`)."""
+    decision = found[0]
+    if decision.reason != moved_from:
+        return found
+    return (replace(decision, reason=f"epoch:{epoch_round}"), *found[1:])
 
 
 def _latest_and_trailing(state: Assembly) -> tuple[set[int], set[int]]:
@@ -177,11 +171,9 @@ def _decide_results(state: Assembly, draft: _Draft, epochs: Epochs, latest: set[
                 again.append((index, found))
             continue
         _decide_result(state, draft, index, view, rnd, epochs, latest, trailing)
-    if moved_from is None:
-        draft.take_again(again)
-    else:
-        for index, found in again:
-            draft.decide_again(index, found, moved_from, epochs.epoch_round)
+    if moved_from is not None:
+        again = [(index, _in_epoch(found, moved_from, epochs.epoch_round)) for index, found in again]
+    draft.take_again(again)
 
 
 def _decide_result(state: Assembly, draft: _Draft, index: int, view: ArtifactView, rnd: int, epochs: Epochs,

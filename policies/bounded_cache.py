@@ -23,7 +23,12 @@ VIEWS_TEXT_BUDGET = 32 * 1024 * 1024
 
 def views_text(views: Mapping[Any, Any]) -> int:
     """The characters of text (results and their calls' arguments) a mapping of `ArtifactView`s holds."""
-    return sum(len(view.content) + len(view.arguments or "") for view in views.values())
+    return sum(map(view_text, views.values()))
+
+
+def view_text(view: Any) -> int:
+    """The characters of text (its result and its call's arguments) an `ArtifactView` holds."""
+    return len(view.content) + len(view.arguments or "")
 
 
 class BoundedCache:

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from policies.assembly_types import Records
 from policies.memories import ArtifactView
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, view_text
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
@@ -88,7 +88,7 @@ class _Prefix:
     artifacts: dict[int, ArtifactView]
     argument_refs: dict[tuple[int, str], str]
     calls: dict[str, tuple[int, Mapping]]  # the calls of the latest assistant message, by id
-    chars: int  # `views_text(artifacts)`, counted as the views were made
+    chars: int  # `views_text(artifacts)`, counted view by view as they were made
 
 
 def records_for_path(
@@ -129,8 +129,7 @@ def records_for_path(
             artifact_id = artifact_id_for(node.id)
             _, call = calls.get(str(message.get("tool_call_id")), (None, {}))
             function = call.get("function") or {}
-            chars += len(text) + len(function.get("arguments") or "")
-            artifacts[node.position] = ArtifactView(
+            artifacts[node.position] = view = ArtifactView(
                 artifact_id=artifact_id,
                 tool_name=function.get("name"),
                 arguments=function.get("arguments"),
@@ -141,6 +140,7 @@ def records_for_path(
                 observed_at=observed_at.get(artifact_id, now),
                 owner_participant=owners.get(artifact_id, ""),
             )
+            chars += view_text(view)
     if path and (prefix is None or prefix.length < len(path)):
         _PREFIXES.put((path[-1].id, encoding), _Prefix(len(path), artifacts, argument_refs, calls, chars))
     return Records(artifacts=dict(artifacts), argument_refs=dict(argument_refs), sibling_artifacts=sibling_artifacts,

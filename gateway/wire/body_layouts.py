@@ -288,15 +288,13 @@ class BodyLayouts:
             return
         head = text_digest(layout.raw[:layout.ends[1]])
         with self._lock:
-            known = self._parsed.pop(head, [])
-            kept = [layout, *(entry for entry in known if entry is not layout)]
-            for dropped in kept[self.per_key:]:
-                self._parsed_held -= len(dropped.raw)
-                dropped.messages = None
-            self._parsed[head] = kept[:self.per_key]  # last in order: the most recently used
-            if not any(entry is layout for entry in known):
+            again, dropped = _put_first(self._parsed, head, layout, self.per_key)
+            if not again:
                 layout.messages = tuple(messages)
                 self._parsed_held += len(layout.raw)
+            for entry in dropped:
+                self._parsed_held -= len(entry.raw)
+                entry.messages = None
             while self._parsed_held > self.parsed_bytes:
                 for dropped in self._parsed.pop(next(iter(self._parsed))):
                     self._parsed_held -= len(dropped.raw)
@@ -365,13 +363,8 @@ class BodyLayouts:
 
     def _remember(self, key: Key, layout: Layout) -> None:
         with self._lock:
-            known = self._layouts.pop(key, [])
-            again = any(entry is layout for entry in known)
-            kept = [layout, *(entry for entry in known if entry is not layout)]
-            for dropped in kept[self.per_key:]:
-                self._held -= len(dropped.raw)
-            self._layouts[key] = kept[:self.per_key]  # last in order: the most recently used
-            self._held += 0 if again else len(layout.raw)
+            again, dropped = _put_first(self._layouts, key, layout, self.per_key)
+            self._held += (0 if again else len(layout.raw)) - sum(len(entry.raw) for entry in dropped)
             while self._held > self.limit_bytes and len(self._layouts) > 1:
                 oldest = next(iter(self._layouts))
                 self._held -= sum(len(entry.raw) for entry in self._layouts.pop(oldest))
@@ -382,6 +375,15 @@ class BodyLayouts:
     @property
     def held_bytes(self) -> int:
         return self._held
+
+
+def _put_first(table: dict[Any, list[Layout]], key: Any, layout: Layout, per_key: int) -> tuple[bool, list[Layout]]:
+    """`layout` first among `table[key]`, the key last in `table` (the most recently used), at most
+    `per_key` layouts kept there: whether `layout` was there already, and the layouts dropped."""
+    known = table.pop(key, [])
+    kept = [layout, *(entry for entry in known if entry is not layout)]
+    table[key] = kept[:per_key]
+    return len(kept) == len(known), kept[per_key:]
 
 
 def _most_shared(raw: bytes, known: Sequence[Layout], limit: int | None) -> tuple[Layout | None, int]:
