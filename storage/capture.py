@@ -32,7 +32,7 @@ from policies.transcript import (
     tool_result_bytes,
 )
 from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
-from storage.artifact_members import artifact_members, inserted_artifacts
+from storage.artifact_members import artifact_members, inserted_artifacts, join_counting
 from storage.conversation_reads import ConversationReads, Written
 from storage.record_types import (
     CapturedThenFailed,
@@ -67,7 +67,8 @@ ACTIVE_WINDOW = timedelta(seconds=1)
 _SHARE_ACTIVE_CONVERSATION = (
     select(_CONVERSATIONS.c.incarnation)
     .where(_CONVERSATIONS.c.id == bindparam("id"), _CONVERSATIONS.c.collected == 0,
-           _CONVERSATIONS.c.last_active_at >= bindparam("since"))
+           _CONVERSATIONS.c.last_active_at >= bindparam("since"),
+           _CONVERSATIONS.c.artifact_members.is_not(None))  # else counted first, exclusively
     .with_for_update(read=True)  # FOR SHARE
 )
 _INSERT_RUN = insert(_RUNS)
@@ -138,8 +139,8 @@ class Capture(ConversationReads, RunOutcomes):
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
         opening = first_user_node(path)
-        incarnation, stored_members = self._hold_conversation(connection, tenant, conversation, now,
-                                                              opening.id if opening else None)
+        incarnation, stored_members, exclusive = self._hold_conversation(connection, tenant, conversation, now,
+                                                                         opening.id if opening else None)
         parent = self._parent_run(connection, run)
         if run.parent_request_id is not None and parent is None:  # unknown, or another tenant's: one answer
             raise UnknownParentRequest(run.parent_request_id)
@@ -167,23 +168,31 @@ class Capture(ConversationReads, RunOutcomes):
             if role == "assistant" and node.message.get("tool_calls"):
                 asking.append(node)
         call_rows = self._call_rows(connection, tenant, asking, now)  # its read first: the writes go as one batch
-        joining = [{"conversation_id": conversation, "node_id": n.id} for n in path if n.id not in members]
+        joining = [n for n in path if n.id not in members]
         # Not in the batch: a file is written only once its registry row's lock is held, not merely asked for.
         self._write_blobs(connection, blobs, now)
         with self._batched(connection):  # PostgreSQL: one round trip for them all
             self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
             self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
             self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
-            if self.is_postgresql:  # counted by the reads after the capture (storage/artifact_members.py)
-                self._insert_ignoring_conflicts(connection, ConversationNode, joining)
-                in_conversation = None
-            else:
-                joined = self._insert_ignoring_conflicts(connection, ConversationNode, joining, returning="node_id")
-                in_conversation = artifact_members(connection, conversation, stored_members,
-                                                   inserted_artifacts(path, joined))
+            in_conversation = self._join_conversation(connection, conversation, path, joining, stored_members,
+                                                      exclusive)
             connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
         return Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
                        incarnation, in_conversation)
+
+    def _join_conversation(self, connection: Connection, conversation: str, path: Sequence[PathNode],
+                           joining: list[PathNode], stored: int | None, exclusive: bool) -> int | None:
+        """Make the nodes of `joining` members of the conversation, and keep the count of its tool results
+        (storage/artifact_members.py): on SQLite its figure once they are in, from `stored`; on PostgreSQL
+        None (read with the reads after the capture), `exclusive`: whether the capture holds its row so."""
+        if self.is_postgresql:
+            join_counting(connection, conversation, joining, exclusive)
+            return None
+        joined = self._insert_ignoring_conflicts(
+            connection, ConversationNode, [{"conversation_id": conversation, "node_id": n.id} for n in joining],
+            returning="node_id")
+        return artifact_members(connection, conversation, stored, inserted_artifacts(path, joined))
 
     @staticmethod
     def _parent_run(connection: Connection, run: RunStart) -> Any:
@@ -357,7 +366,7 @@ class Capture(ConversationReads, RunOutcomes):
             connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
 
     def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime,
-                           opening_node: str | None) -> tuple[int, int | None]:
+                           opening_node: str | None) -> tuple[int, int | None, bool]:
         """Lock the conversation's row for this capture, which garbage collection and deletion take
         exclusively (so neither runs across a capture), and record the conversation's activity.
 
@@ -370,13 +379,16 @@ class Capture(ConversationReads, RunOutcomes):
         touch takes the row exclusively and moves its last activity. Neither holds a share lock that it
         then asks to upgrade: the share lock is taken only where no touch follows.
 
+        A conversation whose artifact memberships have no figure yet is taken exclusively too, so that
+        the capture counts them (storage/artifact_members.py).
+
         Returns the conversation's incarnation and its counted artifact memberships (None: not counted,
-        as always on PostgreSQL: storage/artifact_members.py), read under the lock."""
+        or held only shared), read under the lock, and whether the lock is exclusive."""
         if self.is_postgresql:
             incarnation = connection.scalar(_SHARE_ACTIVE_CONVERSATION, {"id": conversation,
                                                                          "since": now - ACTIVE_WINDOW})
             if incarnation is not None:
-                return int(incarnation), None
+                return int(incarnation), None, False
         self._touch_conversation(connection, tenant, conversation, now, opening_node)
         incarnation, counted = connection.execute(_INCARNATION, {"id": conversation}).one()
-        return int(incarnation), counted
+        return int(incarnation), counted, True

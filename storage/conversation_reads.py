@@ -11,6 +11,7 @@ from sqlalchemy import Connection, String, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from policies.transcript import PathNode, artifact_id_for
+from storage.artifact_members import GATHER_ROWS, POSTGRESQL_COUNTED, POSTGRESQL_DELTAS, gather_deltas
 from storage.path_reads import POSTGRESQL_PREVIOUS_RUN, PREVIOUS_RUN_WINDOW, PathReads
 from storage.record_types import IngestResult, RunStart
 from storage.schema import ModelRun
@@ -25,20 +26,19 @@ _SUBAGENT_RUNS = (  # driven by the children's `parent_conversation_id`; the par
            _PARENT.c.conversation_id == bindparam("conversation"), _PARENT.c.tenant == bindparam("tenant"))
 )
 _SUBAGENT_RUNS_BUT = _SUBAGENT_RUNS.where(_CHILD.c.parent_request_id != bindparam("own_parent"))
-# PostgreSQL: the conversation's artifact memberships up to a bound (on SQLite the capture keeps the
-# figure: storage/artifact_members.py), the reads above and the previous run among the path's last
-# leaves, in one round trip (each is a statement of its own on SQLite, where a statement costs no trip).
+# PostgreSQL: the conversation's artifact memberships (its figure plus its delta rows, the join up to a
+# bound without a figure: storage/artifact_members.py), the reads above and the previous run among the
+# path's last leaves, in one round trip (each is a statement of its own on SQLite, where a statement
+# costs no trip).
 _PATH_STATE = text(
-    "SELECT (SELECT count(*) FROM (SELECT conversation_nodes.node_id FROM conversation_nodes"
-    "        JOIN tool_artifacts ON tool_artifacts.node_id = conversation_nodes.node_id"
-    "        WHERE conversation_nodes.conversation_id = :conversation LIMIT :bound) AS members),"
+    f"SELECT {POSTGRESQL_COUNTED},"
     " ARRAY(SELECT child_run.id FROM model_runs AS child_run"
     "       JOIN model_runs AS parent_run ON child_run.parent_request_id = parent_run.id"
     "       WHERE child_run.parent_conversation_id = :conversation AND child_run.tenant = :tenant"
     "       AND parent_run.conversation_id = :conversation AND parent_run.tenant = :tenant"
     "       AND (CAST(:own_parent AS VARCHAR) IS NULL OR child_run.parent_request_id <> :own_parent)),"
     " previous.tokens_original, previous.leaf_node_id, previous.id, previous.conversation_id"
-    f" FROM (SELECT 1) AS one LEFT JOIN LATERAL ({POSTGRESQL_PREVIOUS_RUN}) AS previous ON true"
+    f" FROM {POSTGRESQL_DELTAS} LEFT JOIN LATERAL ({POSTGRESQL_PREVIOUS_RUN}) AS previous ON true"
 ).bindparams(bindparam("leaves", type_=ARRAY(String)))
 
 
@@ -94,11 +94,14 @@ class ConversationReads(PathReads):
         """PostgreSQL: (the conversation's artifacts up to the bound, its subagents' results, the previous
         run) in one statement, as storage/artifact_members.py counts them and `_subagent_results` and
         `_previous_run` give them; a second trip only when a subagent ran or no run ended among the last leaves."""
+        bound = SIBLING_COUNT_BOUND + len(leaves)
         row = connection.execute(_PATH_STATE, {
             "conversation": conversation, "tenant": run.tenant, "own_parent": run.parent_request_id,
-            "bound": SIBLING_COUNT_BOUND + len(leaves), "leaves": leaves[-PREVIOUS_RUN_WINDOW:]}).one()
-        in_conversation, children = row[0], list(row[1] or [])
-        previous = row[2:] if row[4] is not None else None
+            "bound": bound, "leaves": leaves[-PREVIOUS_RUN_WINDOW:]}).one()
+        in_conversation, deltas, children = min(int(row[0] or 0), bound), row[1], list(row[2] or [])
+        previous = row[3:] if row[5] is not None else None
+        if deltas > GATHER_ROWS:
+            gather_deltas(connection, conversation)
         if previous is None and len(leaves) > PREVIOUS_RUN_WINDOW:
             previous = self._previous_run(connection, leaves)
         return in_conversation, self._results_of_runs(connection, run.tenant, children) if children else {}, previous

@@ -301,6 +301,23 @@ class Conversation(Base):
 Index("ix_conversations_tenant_last_active", Conversation.tenant, Conversation.last_active_at)
 
 
+class ConversationMemberDelta(Base):
+    """PostgreSQL: tool results a capture added to a conversation whose row it only share-locked. Such a
+    capture cannot add them to `Conversation.artifact_members` (two captures that both asked to upgrade
+    their share lock would deadlock), so it leaves a row here, in the statement that inserts the
+    memberships; the conversation holds `artifact_members` plus what its rows add. The next capture
+    that takes the row exclusively folds them in, and a capture that finds many folds them into one
+    (storage/artifact_members.py)."""
+
+    __tablename__ = "conversation_member_deltas"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ID, ForeignKey("conversations.id", ondelete="CASCADE"),
+                                                 index=True)
+    added: Mapped[int] = mapped_column(Integer)
+
+
 class SavingsLedgerDay(Base):
     """Finished runs rolled up per tenant, day, model and session before retention removes them, so the
     savings ledger (`/api/savings`) reads these rows plus the runs still kept, and its totals stay."""

@@ -117,8 +117,9 @@ def test_a_first_run_adopted_into_its_conversation_is_counted(store: RecordStore
 @given(requests=_requests)
 def test_siblings_are_the_joined_count_after_any_requests(store: RecordStore,
                                                          requests: list[tuple[int, int, int]]) -> None:
-    """Branches drawn at random, on both databases (PostgreSQL counts in the reads after the capture,
-    SQLite keeps a figure): the siblings told after every capture are what the join gives."""
+    """Branches drawn at random, on both databases (SQLite keeps a figure; PostgreSQL a figure and the
+    delta rows of captures that only share-locked the conversation: tests/storage/test_member_deltas.py):
+    the siblings told after every capture are what the join gives."""
     example = next(_EXAMPLES)
     label = f"task-{example}"  # a conversation of its own per example (the store is shared)
     for n, (main, branch, extra) in enumerate(requests):

@@ -175,7 +175,7 @@ def _pause_once(store: RecordStore, method: str, when: "callable | None" = None)
     return reached, release
 
 
-@pytest.mark.parametrize("pause_in", ["_known_nodes", "_insert_ignoring_conflicts"])
+@pytest.mark.parametrize("pause_in", ["_known_nodes", "_join_conversation"])
 def test_a_conversation_deleted_while_another_adopts_its_nodes_loses_neither(store: RecordStore,
                                                                              pause_in: str) -> None:
     """Conversation d starts with the same messages as c while c is deleted: whichever commits
@@ -184,10 +184,7 @@ def test_a_conversation_deleted_while_another_adopts_its_nodes_loses_neither(sto
     store.ingest(message_path("acme", conversation(content)), run("acme", "c"))
     longer = conversation(content) + [{"role": "assistant", "content": "built"}, {"role": "user", "content": "more"}]
     theirs = message_path("acme", longer)
-    from storage.schema import ConversationNode
-
-    when = (lambda args: args[1] is ConversationNode) if pause_in == "_insert_ignoring_conflicts" else None
-    reached, release = _pause_once(store, pause_in, when)
+    reached, release = _pause_once(store, pause_in)
     capture = threading.Thread(target=store.ingest, args=(theirs, run("acme", "d")))
     capture.start()
     assert reached.wait(30)  # d has read what exists (or added itself to the nodes), uncommitted

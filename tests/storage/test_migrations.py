@@ -5,7 +5,7 @@ from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select
 
 from storage.schema import Base
 from testkit.gateway import make_store
@@ -182,5 +182,54 @@ def test_0020_indexes_runs_by_leaf_and_start_and_back(storage_url: str, tmp_path
         store.create_schema()
         assert "ix_model_runs_leaf_started" in indexes() and "ix_model_runs_leaf_node_id" not in indexes()
         assert previous() == latest and store.get_run("req_0", "acme") is not None
+    finally:
+        store.engine.dispose()
+
+
+def test_0021_adds_the_member_deltas_and_takes_them_away(storage_url: str, tmp_path: Path) -> None:
+    """0021 adds conversation_member_deltas (PostgreSQL's captures under a share lock write there); down
+    and up again, captures go on and the count is the join's."""
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    from policies.transcript import message_path
+    from storage.artifact_members import _ALL_ARTIFACT_MEMBERS
+    from storage.record_types import RunStart
+
+    store = make_store(storage_url, tmp_path / "blobs")
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(Path(__file__).resolve().parents[2] / "storage" / "migrations"))
+    opening = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+
+    def capture(n: int) -> str:
+        rounds = [m for k in range(n) for m in (
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{k}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{k}", "content": f"out {k}"})]
+        return store.ingest(message_path("acme", opening + rounds), RunStart(
+            request_id=f"req_{n}", tenant="acme", participant="p", model="fake", upstream_model="openai/fake",
+            stream=False, session_label="task")).conversation_id
+
+    def tables() -> set[str]:
+        with store.engine.connect() as connection:
+            return set(inspect(connection).get_table_names())
+
+    try:
+        capture(1)
+        conversation = capture(2)
+        assert "conversation_member_deltas" in tables()
+        with store.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0020")
+        assert "conversation_member_deltas" not in tables()
+        store.create_schema()
+        assert "conversation_member_deltas" in tables()
+        with store.engine.begin() as connection:  # what the rows held is counted again
+            connection.execute(Base.metadata.tables["conversations"].update().values(artifact_members=None))
+        capture(3)
+        with store.engine.connect() as connection:
+            joined = connection.scalar(_ALL_ARTIFACT_MEMBERS, {"conversation": conversation})
+            figure = connection.scalar(select(Base.metadata.tables["conversations"].c.artifact_members))
+        assert joined == figure == 3
     finally:
         store.engine.dispose()
