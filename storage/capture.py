@@ -34,6 +34,7 @@ from policies.transcript import (
 from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
 from storage.artifact_members import artifact_members, inserted_artifacts, join_counting
 from storage.conversation_reads import ConversationReads, Written
+from storage.path_reads import statements
 from storage.record_types import (
     CapturedThenFailed,
     IngestResult,
@@ -139,12 +140,13 @@ class Capture(ConversationReads, RunOutcomes):
         now = self._now()
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
         opening = first_user_node(path)
-        incarnation, stored_members, exclusive = self._hold_conversation(connection, tenant, conversation, now,
-                                                                         opening.id if opening else None)
+        ids = [n.id for n in path]
+        incarnation, stored_members, exclusive, probed = self._hold_conversation(
+            connection, tenant, conversation, now, opening.id if opening else None, ids)
         parent = self._parent_run(connection, run)
         if run.parent_request_id is not None and parent is None:  # unknown, or another tenant's: one answer
             raise UnknownParentRequest(run.parent_request_id)
-        existing, members = self._known_nodes(connection, conversation, [n.id for n in path])
+        existing, members = self._known_nodes(connection, conversation, ids, probed)
         new: list[PathNode] = []
         node_rows, asking, artifact_rows, blobs = [], [], [], {}
         asked: PathNode | None = None  # the latest assistant message so far, whose calls are open
@@ -171,15 +173,17 @@ class Capture(ConversationReads, RunOutcomes):
         joining = [n for n in path if n.id not in members]
         # Not in the batch: a file is written only once its registry row's lock is held, not merely asked for.
         self._write_blobs(connection, blobs, now)
-        with self._batched(connection):  # PostgreSQL: one round trip for them all
+        with self._batched(connection) as batch:  # PostgreSQL: one round trip for them all
             self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
             self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
             self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
             in_conversation = self._join_conversation(connection, conversation, path, joining, stored_members,
                                                       exclusive)
             connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
+            # and, in the same trip, what the assembly reads after them
+            prefetched = self.queue_reads(batch, path, run, conversation, incarnation) if self.is_postgresql else None
         return Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
-                       incarnation, in_conversation)
+                       incarnation, in_conversation, prefetched)
 
     def _join_conversation(self, connection: Connection, conversation: str, path: Sequence[PathNode],
                            joining: list[PathNode], stored: int | None, exclusive: bool) -> int | None:
@@ -366,7 +370,7 @@ class Capture(ConversationReads, RunOutcomes):
             connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
 
     def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime,
-                           opening_node: str | None) -> tuple[int, int | None, bool]:
+                           opening_node: str | None, ids: list[str]) -> tuple[int, int | None, bool, Any]:
         """Lock the conversation's row for this capture, which garbage collection and deletion take
         exclusively (so neither runs across a capture), and record the conversation's activity.
 
@@ -382,13 +386,21 @@ class Capture(ConversationReads, RunOutcomes):
         A conversation whose artifact memberships have no figure yet is taken exclusively too, so that
         the capture counts them (storage/artifact_members.py).
 
+        The share lock goes to the server with the transaction's BEGIN and the first look at which of
+        the path's nodes (`ids`) exist (`_known_nodes`), in one round trip: the look runs after the lock
+        is held, as it would alone. Touched instead, the conversation's nodes are looked at after the touch.
+
         Returns the conversation's incarnation and its counted artifact memberships (None: not counted,
-        or held only shared), read under the lock, and whether the lock is exclusive."""
+        or held only shared), read under the lock; whether the lock is exclusive; and the rows of that
+        first look, when it was taken with the lock (else None)."""
         if self.is_postgresql:
-            incarnation = connection.scalar(_SHARE_ACTIVE_CONVERSATION, {"id": conversation,
-                                                                         "since": now - ACTIVE_WINDOW})
-            if incarnation is not None:
-                return int(incarnation), None, False
+            held, probed = self._read_together(connection, [
+                (_SHARE_ACTIVE_CONVERSATION, {"id": conversation, "since": now - ACTIVE_WINDOW}),
+                (statements(connection).known_nodes, {
+                    "conversation": conversation, "ids": [ids[i] for i in self._probed(ids)]}),
+            ])
+            if held:
+                return int(held[0][0]), None, False, probed
         self._touch_conversation(connection, tenant, conversation, now, opening_node)
         incarnation, counted = connection.execute(_INCARNATION, {"id": conversation}).one()
-        return int(incarnation), counted, True
+        return int(incarnation), counted, True, None

@@ -12,7 +12,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from policies.transcript import PathNode, artifact_id_for
 from storage.artifact_members import GATHER_ROWS, POSTGRESQL_COUNTED, POSTGRESQL_DELTAS, gather_deltas
-from storage.path_reads import POSTGRESQL_PREVIOUS_RUN, PREVIOUS_RUN_WINDOW, PathReads
+from storage.path_reads import POSTGRESQL_ARTIFACT_FACTS, POSTGRESQL_PREVIOUS_RUN, PREVIOUS_RUN_WINDOW, PathReads
+from storage.store_base import Batch, Queued
 from storage.record_types import IngestResult, RunStart
 from storage.schema import ModelRun
 
@@ -42,6 +43,15 @@ _PATH_STATE = text(
 ).bindparams(bindparam("leaves", type_=ARRAY(String)))
 
 
+class Prefetched(NamedTuple):
+    """PostgreSQL: the reads after a capture, queued at the end of its batch of writes (`queue_reads`),
+    so they come back in the batch's round trip: the facts of the path's artifacts no earlier request
+    read (those artifacts' ids, and the rows), and `_PATH_STATE`'s row."""
+
+    facts: tuple[list[str], Queued] | None
+    state: Queued
+
+
 class Written(NamedTuple):
     """What a capture's transaction found and wrote."""
 
@@ -51,23 +61,33 @@ class Written(NamedTuple):
     new_artifact_ids: tuple[str, ...]
     incarnation: int  # the conversation's, read under its row's lock (storage/schema.py Conversation)
     artifact_members: int | None  # SQLite: its tool results once the capture's are in; PostgreSQL: None
+    prefetched: Prefetched | None = None  # PostgreSQL
 
 
 class ConversationReads(PathReads):
     """The reads after a capture (`_read_after_capture`), on the capture's connection."""
 
+    def queue_reads(self, batch: Batch, path: Sequence[PathNode], run: RunStart, conversation: str,
+                    incarnation: int) -> Prefetched:
+        """PostgreSQL: the reads of `_read_after_capture` queued in the capture's batch, after its writes."""
+        missing = self._facts_missing(run.tenant, conversation, incarnation, _path_artifacts(path))
+        facts = (missing, batch.read(POSTGRESQL_ARTIFACT_FACTS, {"ids": missing})) if missing else None
+        return Prefetched(facts, batch.read(_PATH_STATE, self._path_state_parameters(run, conversation, path)))
+
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
                             written: Written) -> IngestResult:
         conversation = written.conversation
-        path_artifacts = [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]
+        path_artifacts = _path_artifacts(path)
+        prefetched = written.prefetched
         observed, owners, rehydrated = self._path_facts(connection, run.tenant, conversation, written.incarnation,
-                                                        path_artifacts)
+                                                        path_artifacts, prefetched.facts if prefetched else None)
         # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant
         # in, so the leaf index alone is tenant-scoped. The leaf itself counts: a request sent again (a
         # retry) continues the one it repeats.
         leaves = [n.id for n in path]
         if self.is_postgresql:
-            in_conversation, subagent_results, previous = self._path_state(connection, run, conversation, leaves)
+            in_conversation, subagent_results, previous = self._path_state(
+                connection, run, conversation, path, prefetched.state.rows[0] if prefetched else None)
         else:  # counted by the capture (storage/artifact_members.py), bounded as the count is here
             in_conversation = min(written.artifact_members or 0, SIBLING_COUNT_BOUND + len(path))
             subagent_results = self._subagent_results(connection, run.tenant, conversation, run.parent_request_id)
@@ -89,21 +109,26 @@ class ConversationReads(PathReads):
             previous_request_id=previous[2] if previous and previous[3] == conversation else None,
         )
 
-    def _path_state(self, connection: Connection, run: RunStart, conversation: str,
-                    leaves: list[str]) -> tuple[int, dict[str, str], Any]:
+    @staticmethod
+    def _path_state_parameters(run: RunStart, conversation: str, path: Sequence[PathNode]) -> dict[str, Any]:
+        return {"conversation": conversation, "tenant": run.tenant, "own_parent": run.parent_request_id,
+                "bound": SIBLING_COUNT_BOUND + len(path), "leaves": [n.id for n in path[-PREVIOUS_RUN_WINDOW:]]}
+
+    def _path_state(self, connection: Connection, run: RunStart, conversation: str, path: Sequence[PathNode],
+                    row: Any = None) -> tuple[int, dict[str, str], Any]:
         """PostgreSQL: (the conversation's artifacts up to the bound, its subagents' results, the previous
-        run) in one statement, as storage/artifact_members.py counts them and `_subagent_results` and
-        `_previous_run` give them; a second trip only when a subagent ran or no run ended among the last leaves."""
-        bound = SIBLING_COUNT_BOUND + len(leaves)
-        row = connection.execute(_PATH_STATE, {
-            "conversation": conversation, "tenant": run.tenant, "own_parent": run.parent_request_id,
-            "bound": bound, "leaves": leaves[-PREVIOUS_RUN_WINDOW:]}).one()
-        in_conversation, deltas, children = min(int(row[0] or 0), bound), row[1], list(row[2] or [])
+        run) in one statement (`row`, when it was read already), as storage/artifact_members.py counts
+        them and `_subagent_results` and `_previous_run` give them; a second trip only when a subagent
+        ran or no run ended among the last leaves."""
+        parameters = self._path_state_parameters(run, conversation, path)
+        if row is None:
+            row = connection.execute(_PATH_STATE, parameters).one()
+        in_conversation, deltas, children = min(int(row[0] or 0), parameters["bound"]), row[1], list(row[2] or [])
         previous = row[3:] if row[5] is not None else None
         if deltas > GATHER_ROWS:
             gather_deltas(connection, conversation)
-        if previous is None and len(leaves) > PREVIOUS_RUN_WINDOW:
-            previous = self._previous_run(connection, leaves)
+        if previous is None and len(path) > PREVIOUS_RUN_WINDOW:
+            previous = self._previous_run(connection, [n.id for n in path])
         return in_conversation, self._results_of_runs(connection, run.tenant, children) if children else {}, previous
 
     def _subagent_results(
@@ -122,3 +147,7 @@ class ConversationReads(PathReads):
         if not child_ids:
             return {}
         return self._results_of_runs(connection, tenant, child_ids)
+
+
+def _path_artifacts(path: Sequence[PathNode]) -> list[str]:
+    return [artifact_id_for(n.id) for n in path if n.message.get("role") == "tool"]

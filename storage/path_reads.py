@@ -120,6 +120,33 @@ _SQLITE = _Statements(
 )
 
 
+def _states(rows: Iterable[Any]) -> tuple[set[str], set[str]]:
+    """(the nodes that exist, those the conversation uses) from `known_nodes`'s rows."""
+    existing: set[str] = set()
+    members: set[str] = set()
+    for node, member in rows:
+        existing.add(node)
+        if member is not None:
+            members.add(node)
+    return existing, members
+
+
+POSTGRESQL_ARTIFACT_FACTS = _POSTGRESQL.artifact_facts
+
+
+def _postgresql_facts(rows: Iterable[Any]) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
+    """`_artifact_facts` from the rows of PostgreSQL's statement."""
+    observed: dict[str, float] = {}
+    owners: dict[str, str] = {}
+    rehydrated: set[str] = set()
+    for artifact_id, moment, owner, back in rows:
+        observed[artifact_id] = as_utc(moment).timestamp()
+        owners[artifact_id] = owner
+        if back:
+            rehydrated.add(artifact_id)
+    return observed, owners, frozenset(rehydrated)
+
+
 def statements(connection: Connection) -> _Statements:
     return _SQLITE if connection.dialect.name == "sqlite" else _POSTGRESQL
 
@@ -169,8 +196,14 @@ class PathReads(StoreBase):
         """(tenant, conversation, incarnation) -> PathFacts: the facts read by earlier requests."""
         return BoundedCache(FACTS_CONVERSATIONS, max_weight=FACTS_HELD, weigh=lambda facts: len(facts.observed) + 1)
 
+    def _facts_missing(self, tenant: str, conversation: str, incarnation: int, artifact_ids: list[str]) -> list[str]:
+        """Those of `artifact_ids` whose facts `_path_facts` would read."""
+        held: PathFacts | None = self._facts_held.get((tenant, conversation, incarnation))
+        return list(artifact_ids) if held is None else [a for a in artifact_ids if a not in held.observed]
+
     def _path_facts(self, connection: Connection, tenant: str, conversation: str, incarnation: int,
-                    artifact_ids: list[str]) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
+                    artifact_ids: list[str], read: tuple[list[str], Any] | None = None,
+                    ) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
         """`_artifact_facts` of the path's artifacts, reading only those no earlier request of this
         incarnation of the conversation read: an agent's request adds a round or two to the path the
         one before it had, so a 1,000-message request reads a few rows, not 500.
@@ -179,13 +212,18 @@ class PathReads(StoreBase):
         written once, with its row. A row goes only when retention claims the conversation, or
         deletion removes it (it comes back with a new random incarnation), and a rehydration mark
         moves the incarnation on (`mark_rehydrated`): the capture read the incarnation under the
-        conversation's row lock, so what a later write changed is read again, on every replica."""
+        conversation's row lock, so what a later write changed is read again, on every replica. `read`:
+        those found missing (`_facts_missing`) and the rows of their facts, when the capture's batch
+        read them."""
         key = (tenant, conversation, incarnation)
         held: PathFacts | None = self._facts_held.get(key)
-        missing = artifact_ids if held is None else [a for a in artifact_ids if a not in held.observed]
-        if held is not None and not missing:
-            return _facts_of(held, artifact_ids)
-        observed, owners, rehydrated = self._artifact_facts(connection, missing)
+        if read is not None:  # read in the capture's batch: the facts of those it found missing then
+            observed, owners, rehydrated = _postgresql_facts(read[1].rows)
+        else:
+            missing = self._facts_missing(tenant, conversation, incarnation, artifact_ids)
+            if held is not None and not missing:
+                return _facts_of(held, artifact_ids)
+            observed, owners, rehydrated = self._artifact_facts(connection, missing)
         if held is not None:
             observed = {**held.observed, **observed}
             owners = {**held.owners, **owners}
@@ -194,7 +232,19 @@ class PathReads(StoreBase):
         self._facts_held.put(key, merged)
         return _facts_of(merged, artifact_ids)
 
-    def _known_nodes(self, connection: Connection, conversation: str, ids: list[str]) -> tuple[set[str], set[str]]:
+    @staticmethod
+    def _probed(ids: list[str]) -> list[int]:
+        """The positions of the path `ids` whose state `_known_nodes` always looks up."""
+        count = len(ids)
+        probes = set(range(max(0, count - _PROBED_TAIL), count))
+        back = _PROBED_TAIL
+        while back < count:
+            probes.add(count - 1 - back)
+            back *= 2
+        return sorted(probes)
+
+    def _known_nodes(self, connection: Connection, conversation: str, ids: list[str],
+                     probed: Iterable[Any] | None = None) -> tuple[set[str], set[str]]:
         """(the nodes of the path `ids` that exist, those of them this conversation already uses), asking
         the database about what is new rather than about every node.
 
@@ -204,16 +254,17 @@ class PathReads(StoreBase):
         on the path. So the last `_PROBED_TAIL` nodes and a few further back (exponentially spaced) are
         looked up; every node up to the deepest one the conversation uses is known without a look, and
         only the unlooked nodes past it are looked up, a run proportional to what the request adds.
+        `probed`: the rows `known_nodes` gave for the nodes at `_probed(ids)`, when they were read already.
         """
         count = len(ids)
-        probes = set(range(max(0, count - _PROBED_TAIL), count))
-        back = _PROBED_TAIL
-        while back < count:
-            probes.add(count - 1 - back)
-            back *= 2
-        existing, members = self._node_states(connection, conversation, [ids[i] for i in sorted(probes)])
+        probes = self._probed(ids)
+        if probed is None:
+            existing, members = self._node_states(connection, conversation, [ids[i] for i in probes])
+        else:
+            existing, members = _states(probed)
         deepest = max((i for i in probes if ids[i] in members), default=-1)
-        unlooked = [ids[i] for i in range(deepest + 1, count) if i not in probes]
+        looked = set(probes)
+        unlooked = [ids[i] for i in range(deepest + 1, count) if i not in looked]
         if unlooked:
             more_existing, more_members = self._node_states(connection, conversation, unlooked)
             existing |= more_existing
@@ -224,15 +275,8 @@ class PathReads(StoreBase):
     def _node_states(self, connection: Connection, conversation: str,
                      ids: list[str]) -> tuple[set[str], set[str]]:
         """(the nodes of `ids` that exist, those of them this conversation already uses), looked up."""
-        existing: set[str] = set()
-        members: set[str] = set()
-        rows = connection.execute(statements(connection).known_nodes,
-                                  {"conversation": conversation, "ids": id_list(connection, ids)})
-        for node, member in rows:
-            existing.add(node)
-            if member is not None:
-                members.add(node)
-        return existing, members
+        return _states(connection.execute(statements(connection).known_nodes,
+                                          {"conversation": conversation, "ids": id_list(connection, ids)}))
 
     def _artifact_facts(
         self, connection: Connection, artifact_ids: list[str]
@@ -254,12 +298,7 @@ class PathReads(StoreBase):
                 if back:
                     rehydrated.add(artifact_id)
             return observed, owners, frozenset(rehydrated)
-        for artifact_id, moment, owner, back in connection.execute(_POSTGRESQL.artifact_facts, {"ids": artifact_ids}):
-            observed[artifact_id] = as_utc(moment).timestamp()
-            owners[artifact_id] = owner
-            if back:
-                rehydrated.add(artifact_id)
-        return observed, owners, frozenset(rehydrated)
+        return _postgresql_facts(connection.execute(_POSTGRESQL.artifact_facts, {"ids": artifact_ids}))
 
     def mark_rehydrated(self, tenant: str, artifact_id: str) -> None:
         """Note that a model had `artifact_id` back whole (the first time only): the conversation's later

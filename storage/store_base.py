@@ -5,7 +5,7 @@ import contextlib
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import psycopg
 from sqlalchemy import Connection, Engine
@@ -43,6 +43,7 @@ class StoreBase:
         self.instance_id = instance_id  # set by register_instance when a gateway serves
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._ignoring_conflicts: dict[Any, Any] = {}  # built once per table (and RETURNING column)
+        self._compiled_reads: dict[Any, Any] = {}  # `_read_together`'s statements, compiled once
         # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
         # SQLite's busy handler (1 ms, then 2, 5, ... up to 100 ms a try). The threads of one
         # process take turns here instead, handing over the moment a write commits; other
@@ -61,22 +62,37 @@ class StoreBase:
             return work(connection)
 
     @contextlib.contextmanager
-    def _batched(self, connection: Connection) -> Iterator[None]:
+    def _batched(self, connection: Connection) -> Iterator["Batch"]:
         """On PostgreSQL, the statements executed inside go to the server together and their results
-        come back in one round trip at the end (psycopg's pipeline mode): for statements whose results
-        nobody reads, such as inserts without RETURNING. An error the server reports for one of them
-        is raised by a later statement of the batch or at its end, as SQLAlchemy's exception for it
-        (IntegrityError, DataError, ...), the class an execute would have raised; the statement SQLAlchemy
-        names with it may be a later one. Elsewhere the statements go one by one."""
+        come back in one round trip at the end (psycopg's pipeline mode): statements whose results
+        nobody reads, such as inserts without RETURNING, and reads queued with the batch's `read`. An
+        error the server reports for one of them is raised by a later statement of the batch or at its
+        end, as SQLAlchemy's exception for it (IntegrityError, DataError, ...), the class an execute would
+        have raised; the statement SQLAlchemy names with it may be a later one. Elsewhere the
+        statements go one by one."""
         pipeline = getattr(connection.connection.driver_connection, "pipeline", None) if self.is_postgresql else None
         if pipeline is None:  # SQLite, or a PostgreSQL driver other than psycopg 3
-            yield
+            yield Batch(connection, None, self._compiled_reads)
             return
+        batch = Batch(connection, connection.connection.driver_connection, self._compiled_reads)
         try:
-            with pipeline():
-                yield
-        except psycopg.Error as exc:  # the pipeline's sync: outside SQLAlchemy's execute and its wrapping
-            raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+            try:
+                with pipeline():
+                    yield batch
+            except psycopg.Error as exc:  # the pipeline's sync: outside SQLAlchemy's execute and its wrapping
+                raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+            batch.fetch()
+        finally:
+            batch.close()
+
+    def _read_together(self, connection: Connection,
+                       reads: Sequence[tuple[Any, Mapping[str, Any]]]) -> list[list[Any]]:
+        """The rows of each of `reads` (a statement and its parameters), in one round trip on PostgreSQL
+        (`_batched`). The server still runs them one after another, each seeing what those before it did
+        (a lock one takes holds for those after it)."""
+        with self._batched(connection) as batch:
+            queued = [batch.read(statement, parameters) for statement, parameters in reads]
+        return [read.rows for read in queued]
 
     @property
     def is_postgresql(self) -> bool:
@@ -99,6 +115,52 @@ class StoreBase:
             self._ignoring_conflicts[(model, returning)] = statement
         result = session.execute(statement, rows)
         return list(result.scalars()) if returning is not None else []
+
+
+class Queued:
+    """The rows of a read queued in a batch: there once the batch is over."""
+
+    rows: list[Any]
+
+
+class Batch:
+    """What `StoreBase._batched` yields: reads queued in it (`read`) come back with the batch's other
+    results. On PostgreSQL through the driver's own cursors, as SQLAlchemy reads no rows in a pipeline
+    (each statement compiled once); elsewhere (`driver` None) executed at once."""
+
+    def __init__(self, connection: Connection, driver: Any, compiled: dict[Any, Any]) -> None:
+        self._connection = connection
+        self._driver = driver
+        self._compiled = compiled
+        self._pending: list[tuple[Queued, Any]] = []
+
+    def read(self, statement: Any, parameters: Mapping[str, Any]) -> Queued:
+        queued = Queued()
+        if self._driver is None:
+            queued.rows = list(self._connection.execute(statement, dict(parameters)))
+            return queued
+        compiled = self._compiled.get(statement)
+        if compiled is None:
+            compiled = statement.compile(dialect=self._connection.dialect)
+            if compiled.post_compile_params:  # rendered per execution by SQLAlchemy: not a fixed string
+                raise ValueError("a batched read takes no expanding parameters (IN lists): use an array and = ANY")
+            self._compiled[statement] = compiled
+        values = compiled.construct_params(dict(parameters))
+        for name, process in compiled._bind_processors.items():  # as SQLAlchemy's execute applies them
+            if name in values:
+                values[name] = process(values[name])
+        cursor = self._driver.cursor()
+        self._pending.append((queued, cursor))
+        cursor.execute(compiled.string, values)
+        return queued
+
+    def fetch(self) -> None:
+        for queued, cursor in self._pending:
+            queued.rows = cursor.fetchall()
+
+    def close(self) -> None:
+        for _, cursor in self._pending:
+            cursor.close()
 
 
 def _writer_lock_file(engine: Engine) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.exc import DataError, IntegrityError
 
 from policies.transcript import message_path
@@ -119,5 +119,53 @@ def test_a_capture_writes_a_blob_file_only_once_it_holds_the_row_a_collection_ha
             collection.commit()
         second.join(30)
         assert blobs.puts == [key] and blobs.get(key) == output.encode()
+    finally:
+        store.engine.dispose()
+
+
+def test_reads_queued_in_a_batch_come_back_with_it(store: RecordStore) -> None:
+    """`Batch.read`: on PostgreSQL the rows of a read queued after writes come back at the batch's end
+    and see those writes; a read of an array parameter gives what an execute would; on SQLite the read
+    runs at once."""
+    with store.engine.begin() as connection:
+        with store._batched(connection) as batch:
+            store._insert_ignoring_conflicts(connection, MessageNode, [_node(1), _node(2)])
+            counted = batch.read(select(func.count()).select_from(MessageNode), {})
+            named = batch.read(select(MessageNode.id).where(MessageNode.id == bindparam("id")), {"id": "n2"})
+        assert counted.rows == [(2,)] and [tuple(r) for r in named.rows] == [("n2",)]
+    if store.is_postgresql:  # an IN list is rendered per execution: refused, not sent wrong
+        with store.engine.connect() as connection, pytest.raises(ValueError, match="= ANY"):
+            with store._batched(connection) as batch:
+                batch.read(select(MessageNode.id).where(MessageNode.id.in_(["n2", "n9"])), {})
+    with store.engine.connect() as connection:
+        first, second = store._read_together(connection, [
+            (select(func.count()).select_from(MessageNode), {}), (select(MessageNode.id).order_by(MessageNode.id), {})])
+    assert first == [(2,)] and [r[0] for r in second] == ["n1", "n2"]
+
+
+def test_a_postgresql_capture_reads_in_its_two_trips(postgres_url: str, tmp_path: Path) -> None:
+    """A capture of an active conversation on PostgreSQL sends its share lock with its first look at the
+    path's nodes, and the reads after its writes (the conversation's state, the new artifacts' facts)
+    with the writes: none of those goes to the server through SQLAlchemy on its own."""
+    from sqlalchemy import event
+
+    store = make_store(postgres_url, tmp_path / "blobs")
+    sent: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    try:
+        for n in range(3):
+            messages += [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{n}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+                         {"role": "tool", "tool_call_id": f"c{n}", "content": f"out {n}"}]
+            sent.clear()
+            result = store.ingest(message_path("acme", messages), RunStart(
+                request_id=f"req_{n}", tenant="acme", participant="p", model="fake", upstream_model="openai/fake",
+                stream=False, session_label="task"))
+            assert len(result.observed_at) == n + 1 and result.sibling_artifacts == 0
+        read_alone = [s for s in sent if "FOR SHARE" in s or "artifact_members FROM" in s
+                      or s.lstrip().startswith("SELECT tool_artifacts.id")
+                      or s.lstrip().startswith("SELECT message_nodes.id")]
+        assert read_alone == [] and sent  # the writes still went (through SQLAlchemy, in the batch)
     finally:
         store.engine.dispose()

@@ -141,15 +141,19 @@ def _as_read_afresh(store: RecordStore, result: IngestResult) -> tuple[dict, dic
 
 
 def _reads(store: RecordStore) -> list[list[str]]:
-    """The artifact ids each database read of facts asked about, from now on."""
+    """The artifact ids each read of facts from the database asked about, from now on: those a request
+    found missing from what the store holds (read after the capture on SQLite, in the capture's batch on
+    PostgreSQL)."""
     asked: list[list[str]] = []
-    read = store._artifact_facts
+    missing = store._facts_missing
 
-    def counting(connection, artifact_ids):  # type: ignore[no-untyped-def]
-        asked.append(list(artifact_ids))
-        return read(connection, artifact_ids)
+    def counting(*args):  # type: ignore[no-untyped-def]
+        found = missing(*args)
+        if found:
+            asked.append(list(found))
+        return found
 
-    store._artifact_facts = counting  # type: ignore[method-assign]
+    store._facts_missing = counting  # type: ignore[method-assign]
     return asked
 
 
@@ -229,11 +233,11 @@ def test_on_postgresql_the_path_state_is_the_three_reads_in_one(postgres_url: st
         path = message_path("acme", messages)
         conversation = conversation_id_for("acme", None, path, "req_unused")
         checked = []
-        for leaves, parent in (([n.id for n in path], None), ([n.id for n in path[:80]], None),
-                               ([n.id for n in path], f"req_{44:032x}")):
+        for nodes, parent in ((path, None), (path[:80], None), (path, f"req_{44:032x}")):
             run = _run(2000, parent=parent)
+            leaves = [n.id for n in nodes]
             with store.engine.connect() as connection:
-                one = store._path_state(connection, run, conversation, leaves)
+                one = store._path_state(connection, run, conversation, nodes)
                 separate = (min(connection.scalar(_ALL_ARTIFACT_MEMBERS, {"conversation": conversation}),
                                 SIBLING_COUNT_BOUND + len(leaves)),
                     store._subagent_results(connection, "acme", conversation, parent),
