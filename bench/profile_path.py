@@ -8,7 +8,7 @@ stack passes through each part. py-spy is not a dependency of the gateway: insta
 (`pip install py-spy`) and name it with `--py-spy` if it is not on PATH; it needs leave to read this
 process's memory (ptrace: root, or `kernel.yama.ptrace_scope` 0).
 
-    .venv/bin/python bench/profile_path.py --transcript synthetic-100 --requests 600
+    .venv/bin/python bench/profile_path.py --transcript synthetic-100 --requests 600 [--postgres URL]
 
 `--burst-mb N` profiles large bodies instead: each request a conversation of its own of at most N MiB
 (bench/memory_burst.py's burst bodies: 40 tool rounds), sent one after another, sampled on every thread
@@ -17,6 +17,7 @@ that runs (not only the GIL's holder: tiktoken and zlib let it go while they wor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_transcripts import TOOLS, Transcript, alternating_sender, synthetic_session, trace_session  # noqa: E402
 from memory_burst import MIB, burst_bodies  # noqa: E402
+from scripts.processes import postgres_schema  # noqa: E402
 
 # A part is named by a frame any of its samples' stacks passes through.
 PARTS = {
@@ -86,6 +88,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples a second (default 500)")
     parser.add_argument("--py-spy", dest="py_spy", default=shutil.which("py-spy"), help="the py-spy binary")
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--postgres", metavar="URL", help="a fresh schema of this PostgreSQL server, not SQLite")
     parser.add_argument("--burst-mb", dest="burst_mb", type=float, default=0,
                         help="profile bodies of this many MiB, one conversation each, instead of --transcript")
     args = parser.parse_args()
@@ -99,9 +102,10 @@ def main() -> None:
     transcript = transcript_named(args.transcript)
     bodies = burst_bodies(args.warmup + args.requests, int(args.burst_mb * MIB)) if args.burst_mb > 0 else []
     name = f"bodies of {args.burst_mb:g} MiB" if bodies else transcript.name
-    with tempfile.TemporaryDirectory(prefix="profile-path-") as folder:
+    with tempfile.TemporaryDirectory(prefix="profile-path-") as folder, \
+            (postgres_schema(args.postgres) if args.postgres else contextlib.nullcontext(None)) as storage_url:
         raw = args.raw or Path(folder) / "stacks.txt"
-        with Gateway(Path(folder), policy=args.policy) as gateway, \
+        with Gateway(Path(folder), storage_url=storage_url, policy=args.policy) as gateway, \
                 httpx.Client(base_url=gateway.api_base, headers=gateway.headers, timeout=120, trust_env=False) as client:
             send = body_sender(client, bodies) if bodies else alternating_sender(client, transcript)
             for number in range(args.warmup):
