@@ -34,7 +34,7 @@ from policies.transcript import (
 from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
 from storage.artifact_members import artifact_members, inserted_artifacts, join_counting
 from storage.conversation_reads import ConversationReads, Written
-from storage.path_reads import statements
+from storage.path_reads import id_list, statements
 from storage.record_types import (
     CapturedThenFailed,
     IngestResult,
@@ -386,21 +386,24 @@ class Capture(ConversationReads, RunOutcomes):
         A conversation whose artifact memberships have no figure yet is taken exclusively too, so that
         the capture counts them (storage/artifact_members.py).
 
-        The share lock goes to the server with the transaction's BEGIN and the first look at which of
-        the path's nodes (`ids`) exist (`_known_nodes`), in one round trip: the look runs after the lock
-        is held, as it would alone. Touched instead, the conversation's nodes are looked at after the touch.
+        The lock goes to the server with the first look at which of the path's nodes (`ids`) exist
+        (`_known_nodes`), and the touch with the reads of the row and that look, each in one round trip
+        on PostgreSQL (`_batched`): the server runs them in order, so the look runs under the lock, as it
+        would alone. A look taken with a share lock that was not granted is not used.
 
         Returns the conversation's incarnation and its counted artifact memberships (None: not counted,
-        or held only shared), read under the lock; whether the lock is exclusive; and the rows of that
-        first look, when it was taken with the lock (else None)."""
+        or held only shared), read under the lock; whether the lock is exclusive; and the rows of the
+        first look at the path's nodes."""
+        look = (statements(connection).known_nodes,
+                {"conversation": conversation, "ids": id_list(connection, [ids[i] for i in self._probed(ids)])})
         if self.is_postgresql:
             held, probed = self._read_together(connection, [
-                (_SHARE_ACTIVE_CONVERSATION, {"id": conversation, "since": now - ACTIVE_WINDOW}),
-                (statements(connection).known_nodes, {
-                    "conversation": conversation, "ids": [ids[i] for i in self._probed(ids)]}),
-            ])
+                (_SHARE_ACTIVE_CONVERSATION, {"id": conversation, "since": now - ACTIVE_WINDOW}), look])
             if held:
                 return int(held[0][0]), None, False, probed
-        self._touch_conversation(connection, tenant, conversation, now, opening_node)
-        incarnation, counted = connection.execute(_INCARNATION, {"id": conversation}).one()
-        return int(incarnation), counted, True, None
+        with self._batched(connection) as batch:
+            self._touch_conversation(connection, tenant, conversation, now, opening_node)
+            row = batch.read(_INCARNATION, {"id": conversation})
+            looked = batch.read(*look)
+        incarnation, counted = row.rows[0]
+        return int(incarnation), counted, True, looked.rows

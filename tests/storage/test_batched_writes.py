@@ -144,28 +144,36 @@ def test_reads_queued_in_a_batch_come_back_with_it(store: RecordStore) -> None:
 
 
 def test_a_postgresql_capture_reads_in_its_two_trips(postgres_url: str, tmp_path: Path) -> None:
-    """A capture of an active conversation on PostgreSQL sends its share lock with its first look at the
-    path's nodes, and the reads after its writes (the conversation's state, the new artifacts' facts)
-    with the writes: none of those goes to the server through SQLAlchemy on its own."""
+    """A capture on PostgreSQL sends its lock on the conversation (shared, or the touch that takes it
+    exclusively) with its first look at the path's nodes, and the reads after its writes (the
+    conversation's state, the new artifacts' facts) with the writes: none of those goes to the server
+    through SQLAlchemy on its own, whether the conversation is new, active or idle."""
     from sqlalchemy import event
 
+    from storage.capture import ACTIVE_WINDOW
+
     store = make_store(postgres_url, tmp_path / "blobs")
+    moment = [NOW.timestamp()]
+    store.clock = lambda: moment[0]
     sent: list[str] = []
     event.listen(store.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
     messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
     try:
-        for n in range(3):
+        for n in range(4):  # new (taken exclusively), active twice (shared), idle (taken exclusively)
+            if n == 3:
+                moment[0] += 2 * ACTIVE_WINDOW.total_seconds()
             messages += [{"role": "assistant", "content": None, "tool_calls": [
                 {"id": f"c{n}", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
                          {"role": "tool", "tool_call_id": f"c{n}", "content": f"out {n}"}]
-            sent.clear()
             result = store.ingest(message_path("acme", messages), RunStart(
                 request_id=f"req_{n}", tenant="acme", participant="p", model="fake", upstream_model="openai/fake",
                 stream=False, session_label="task"))
             assert len(result.observed_at) == n + 1 and result.sibling_artifacts == 0
-        read_alone = [s for s in sent if "FOR SHARE" in s or "artifact_members FROM" in s
-                      or s.lstrip().startswith("SELECT tool_artifacts.id")
-                      or s.lstrip().startswith("SELECT message_nodes.id")]
-        assert read_alone == [] and sent  # the writes still went (through SQLAlchemy, in the batch)
+        statements = [" ".join(s.split()) for s in sent]
+        read_alone = [s for s in statements if s.startswith(("SELECT conversations.incarnation",
+                                                             "SELECT coalesce((SELECT artifact_members",
+                                                             "SELECT tool_artifacts.id", "SELECT message_nodes.id"))]
+        assert read_alone == []
+        assert sum(1 for s in statements if s.startswith("INSERT INTO conversations ")) == 2  # the new and the idle
     finally:
         store.engine.dispose()
