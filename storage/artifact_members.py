@@ -44,7 +44,8 @@ _ADD = (update(_CONVERSATIONS).where(_CONVERSATIONS.c.id == bindparam("conversat
 _STORE_FIRST = (update(_CONVERSATIONS).where(_CONVERSATIONS.c.id == bindparam("conversation"), _COUNTED.is_(None))
                 .values(artifact_members=bindparam("counted")))
 
-# PostgreSQL. The count of the join, as SQL (also the fallback of `POSTGRESQL_COUNTED`).
+# PostgreSQL. The join of a conversation's memberships with the artifacts, as SQL (`_FOLD` counts it;
+# `POSTGRESQL_COUNTED` falls back to it, bounded).
 _JOINED = ("FROM conversation_nodes JOIN tool_artifacts ON tool_artifacts.node_id = conversation_nodes.node_id"
            " WHERE conversation_nodes.conversation_id = CAST(:conversation AS VARCHAR)")
 _JOIN_COUNT = f"SELECT count(*) {_JOINED}"
