@@ -46,9 +46,9 @@ _PATH_STATE = text(
 class Prefetched(NamedTuple):
     """PostgreSQL: the reads after a capture, queued at the end of its batch of writes (`queue_reads`),
     so they come back in the batch's round trip: the facts of the path's artifacts no earlier request
-    read (those artifacts' ids, and the rows), and `_PATH_STATE`'s row."""
+    read (None: none was missing), and `_PATH_STATE`'s row."""
 
-    facts: tuple[list[str], Queued] | None
+    facts: Queued | None
     state: Queued
 
 
@@ -71,7 +71,7 @@ class ConversationReads(PathReads):
                     incarnation: int) -> Prefetched:
         """PostgreSQL: the reads of `_read_after_capture` queued in the capture's batch, after its writes."""
         missing = self._facts_missing(run.tenant, conversation, incarnation, _path_artifacts(path))
-        facts = (missing, batch.read(POSTGRESQL_ARTIFACT_FACTS, {"ids": missing})) if missing else None
+        facts = batch.read(POSTGRESQL_ARTIFACT_FACTS, {"ids": missing}) if missing else None
         return Prefetched(facts, batch.read(_PATH_STATE, self._path_state_parameters(run, conversation, path)))
 
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,

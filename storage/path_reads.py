@@ -202,7 +202,7 @@ class PathReads(StoreBase):
         return list(artifact_ids) if held is None else [a for a in artifact_ids if a not in held.observed]
 
     def _path_facts(self, connection: Connection, tenant: str, conversation: str, incarnation: int,
-                    artifact_ids: list[str], read: tuple[list[str], Any] | None = None,
+                    artifact_ids: list[str], read: Any = None,
                     ) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
         """`_artifact_facts` of the path's artifacts, reading only those no earlier request of this
         incarnation of the conversation read: an agent's request adds a round or two to the path the
@@ -213,12 +213,11 @@ class PathReads(StoreBase):
         deletion removes it (it comes back with a new random incarnation), and a rehydration mark
         moves the incarnation on (`mark_rehydrated`): the capture read the incarnation under the
         conversation's row lock, so what a later write changed is read again, on every replica. `read`:
-        those found missing (`_facts_missing`) and the rows of their facts, when the capture's batch
-        read them."""
+        the capture's batch's read of the facts of those it found missing (`_facts_missing`), if any."""
         key = (tenant, conversation, incarnation)
         held: PathFacts | None = self._facts_held.get(key)
         if read is not None:  # read in the capture's batch: the facts of those it found missing then
-            observed, owners, rehydrated = _postgresql_facts(read[1].rows)
+            observed, owners, rehydrated = _postgresql_facts(read.rows)
         else:
             missing = self._facts_missing(tenant, conversation, incarnation, artifact_ids)
             if held is not None and not missing:

@@ -43,7 +43,7 @@ class StoreBase:
         self.instance_id = instance_id  # set by register_instance when a gateway serves
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._ignoring_conflicts: dict[Any, Any] = {}  # built once per table (and RETURNING column)
-        self._compiled_reads: dict[Any, Any] = {}  # `_read_together`'s statements, compiled once
+        self._compiled_reads: dict[Any, Any] = {}  # the statements of `Batch.read`, compiled once
         # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
         # SQLite's busy handler (1 ms, then 2, 5, ... up to 100 ms a try). The threads of one
         # process take turns here instead, handing over the moment a write commits; other
