@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import replace
 from operator import is_
 from typing import Any, Mapping, Sequence
 
@@ -135,7 +134,7 @@ def _in_epoch(found: Result, moved_from: str, epoch_round: int) -> Result:
     decision = found[0]
     if decision.reason != moved_from:
         return found
-    return (replace(decision, reason=f"epoch:{epoch_round}"), *found[1:])
+    return (decision.with_reason(f"epoch:{epoch_round}"), *found[1:])
 
 
 def _latest_and_trailing(state: Assembly) -> tuple[set[int], set[int]]:

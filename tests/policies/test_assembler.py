@@ -420,6 +420,19 @@ def test_a_verbatim_decision_made_fast_is_the_decision_made_plainly() -> None:
         fast.action = "compacted"  # type: ignore[misc]
 
 
+def test_a_decision_given_another_reason_is_the_decision_replaced_plainly() -> None:
+    """`Decision.with_reason` copies every field but the reason (all set apart here, so a field it missed
+    would show), and nothing kept beside them (the notable dict a record keeps on the instance)."""
+    made = Decision(7, "tool", "compacted", "epoch:4", "art_0123456789", 300, 40, "1-2 head")
+    object.__setattr__(made, "_as_notable", (None, made.as_dict()))
+    fast, plain = made.with_reason("epoch:6"), dataclasses.replace(made, reason="epoch:6")
+    assert fast == plain and repr(fast) == repr(plain) and dataclasses.astuple(fast) == dataclasses.astuple(plain)
+    assert set(vars(fast)) == {f.name for f in dataclasses.fields(Decision)} and hash(fast) == hash(plain)
+    assert fast.as_dict()["reason"] == "epoch:6" and made.reason == "epoch:4"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.reason = "stale"  # type: ignore[misc]
+
+
 def test_as_sent_names_the_messages_forwarded_as_they_came() -> None:
     """`Projection.as_sent[i]`: forwarded message i is the client's message i unchanged (the direct
     transport's memo then knows it by the client's digest); empty once a message is omitted."""

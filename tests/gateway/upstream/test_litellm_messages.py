@@ -251,14 +251,17 @@ json_values = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.dictionaries(st.text(max_size=6), json_values, max_size=4), max_size=6),
        st.dictionaries(st.sampled_from(["model", "tools", "stream", "temperature"]), json_values, max_size=3),
-       st.sampled_from(["as made", "serialised before", "appended", "replaced", "removed"]))
+       st.sampled_from(["as made", "serialised before", "appended", "replaced", "removed"]), st.integers(0, 3))
 def test_a_body_of_kept_message_texts_is_the_bytes_of_the_whole(messages: list[Any], fields: dict[str, Any],
-                                                                 change: str) -> None:
+                                                                 change: str, place: int) -> None:
     """`json_body` writes the messages from their kept texts, and whatever the values (floats Python writes
     otherwise than orjson, integers past 64 bits, lone surrogates) or what became of the list after it was
-    made, the bytes are those of the whole body serialised at once."""
+    made, wherever the messages are among the body's fields, the bytes are those of the whole body serialised
+    at once."""
     sent = SentMessages(messages, [[None] for _ in messages])
-    body = {**fields, "messages": sent}
+    items = list(fields.items())
+    items.insert(min(place, len(items)), ("messages", sent))  # first, last or between the other fields
+    body = dict(items)
     if change == "serialised before":
         json_body(body)
     elif change == "appended":
