@@ -12,6 +12,9 @@ so whatever a proxy adds is the proxy):
                                 keep-alive httpx client, the body passed on unparsed): the least a Python proxy
                                 in front of the upstream adds on this machine, the limit of every figure; in
                                 every run, whatever --targets says;
+  floor-durable                 the same, committing one small row of each request to a SQLite file (WAL,
+                                synchronous=FULL, as the gateway's store) before forwarding it: the least a proxy
+                                that records each request before it goes on adds here; in every run too;
   litellm-proxy                 LiteLLM Proxy 1.108.7 (--litellm-proxy), no database, a master key,
                                 from its own venv at bench/.litellm-proxy-venv (pip-installed if missing);
   gateway-<policy>-<storage>    `gateway serve`, policies passthrough and coding-agent, on a fresh
@@ -58,7 +61,7 @@ Per target and transcript:
              tool result: about 5 s for one such body alone), the other targets seconds.
 The load generator runs in this process, on the same CPUs as the servers.
 Prints one table, the gateway (coding-agent, on SQLite and on PostgreSQL) against the
-floor (added latency, requests/s and RSS, as ratios: how far from the limit) and, with
+floor and the durable floor (added latency, requests/s and RSS, as ratios: how far from the limit) and, with
 LiteLLM Proxy, the gateway (coding-agent, SQLite) against it (latency, throughput, and
 RSS after the load, at the burst's peak and after the burst: `rss_ratio`,
 `rss_burst_peak_ratio`, `rss_after_burst_ratio`); where both synthetic transcripts ran, every
@@ -227,12 +230,19 @@ def upstream_server(folder: Path) -> Server:
 
 
 @contextmanager
-def floor_server(upstream: Server, workers: int, folder: Path) -> Iterator[Server]:
-    """bench/floor_forwarder.py in front of the upstream, with the gateway's worker count."""
+def floor_server(upstream: Server, workers: int, folder: Path, durable: bool = False) -> Iterator[Server]:
+    """bench/floor_forwarder.py in front of the upstream, with the gateway's worker count; `durable`: the
+    durable floor, on a fresh SQLite file in `folder`."""
     port = free_port()
+    name = "floor-durable" if durable else "floor"
     command = [sys.executable, str(BENCH / "floor_forwarder.py"), "--upstream", upstream.api_base,
                "--port", str(port), "--workers", str(workers)]
-    yield Server("floor", command, port, TENANT_KEY, folder / "floor.log")
+    if durable:
+        database = folder / "floor-durable.db"
+        for leftover in folder.glob("floor-durable.db*"):
+            leftover.unlink()
+        command += ["--durable", str(database)]
+    yield Server(name, command, port, TENANT_KEY, folder / f"{name}.log")
 
 
 def gateway_accepts_workers() -> bool:
@@ -339,7 +349,9 @@ def target_specs(args: argparse.Namespace, upstream: Server, notes: list[str]) -
         notes.append(f"`gateway serve --help` lists no --workers: the gateway ran with 1 worker, not {args.workers}")
         print(notes[-1], flush=True)
         gateway_workers = 1
-    specs.insert(1, TargetSpec("floor", lambda folder: floor_server(upstream, gateway_workers, folder), always=True))
+    specs[1:1] = [TargetSpec("floor", lambda folder: floor_server(upstream, gateway_workers, folder), always=True),
+                  TargetSpec("floor-durable", lambda folder: floor_server(upstream, gateway_workers, folder, True),
+                             always=True)]
     storages: list[tuple[str, str | None]] = [("sqlite", None)] + ([("postgres", args.postgres)] if args.postgres else [])
     for storage, url in storages:
         for policy in ("passthrough", "coding-agent"):
@@ -690,19 +702,23 @@ def floor_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per transcript and storage: the gateway (coding-agent) against the floor. The added-latency ratio
     is how many times the floor's added median the gateway adds; the requests/s ratio, at 20 and at 50
     clients, the share of the floor's throughput the gateway keeps (1.0 would be the limit); the RSS
-    ratios, how many times the floor's memory the gateway holds after the loads and after the burst."""
+    ratios, how many times the floor's memory the gateway holds after the loads and after the burst. The
+    durable floor's added median beside them (`floor_durable`, `added_median_ratio_durable`), where it ran."""
     found = measured(rows)
     out = []
     for transcript in dict.fromkeys(row["transcript"] for row in rows):
         floor = found.get((transcript, "floor"))
+        durable = found.get((transcript, "floor-durable"))
+        d_added = durable["sequential"]["added_ms"]["median"] if durable else math.nan
         for storage in ("sqlite", "postgres"):
             gateway = found.get((transcript, f"gateway-coding-agent-{storage}"))
             if not gateway or not floor:
                 continue
             g_added, f_added = gateway["sequential"]["added_ms"]["median"], floor["sequential"]["added_ms"]["median"]
             comparison = {"transcript": transcript, "gateway": gateway["target"],
-                          "added_median_ms": {"gateway": g_added, "floor": f_added},
-                          "added_median_ratio": ratio(g_added, f_added)}
+                          "added_median_ms": {"gateway": g_added, "floor": f_added, "floor_durable": d_added},
+                          "added_median_ratio": ratio(g_added, f_added),
+                          "added_median_ratio_durable": ratio(g_added, d_added)}
             for clients in CONCURRENCY:
                 g_rps = gateway["load"].get(str(clients), {}).get("rps", math.nan)
                 f_rps = floor["load"].get(str(clients), {}).get("rps", math.nan)
@@ -767,6 +783,10 @@ def print_floor_comparisons(found: list[dict[str, Any]]) -> None:
                          f"{c[f'rps{n}_ratio']:.2f}x" for n in CONCURRENCY)
         print(f"  {c['transcript']:<15} {c['gateway']:<29} added median {c['added_median_ms']['gateway']:.2f} / "
               f"{c['added_median_ms']['floor']:.2f} ms = {c['added_median_ratio']:.1f}x;  {rps}")
+        durable = c["added_median_ms"].get("floor_durable", math.nan)
+        if not math.isnan(durable):
+            print(f"  {'':<15} {'':<29} the durable floor added {durable:.2f} ms: the gateway adds "
+                  f"{c['added_median_ratio_durable']:.1f}x that")
         print(f"  {'':<15} {'':<29} {rss_text(c, 'floor')}")
 
 
@@ -839,7 +859,7 @@ def main() -> None:
     parser.add_argument("--transcripts", nargs="+", metavar="NAME",
                         help="synthetic-100, synthetic-1000 and/or trace-99 (default all; --quick synthetic-100)")
     parser.add_argument("--targets", nargs="+", metavar="NAME",
-                        help="only these rows besides `direct` and `floor` (e.g. gateway-coding-agent-sqlite "
+                        help="only these rows besides `direct`, `floor` and `floor-durable` (e.g. gateway-coding-agent-sqlite "
                              "litellm-proxy)")
     parser.add_argument("--stream", action="store_true", help="send `stream: true` and time to the last byte")
     parser.add_argument("--seed", type=int, default=7, help="of the synthetic transcripts (default 7)")

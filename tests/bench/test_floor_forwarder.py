@@ -2,9 +2,10 @@
 process) against a tiny upstream on a loopback port: a request's bytes reach the upstream as they were
 sent, and the upstream's status, body and content-type come back as they were answered, an SSE answer
 included; a request with no bearer key is refused. Every wait is bounded (a few seconds; 30 s for the
-start)."""
+start). With --durable, each request's row is committed to the SQLite file before the upstream sees it."""
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -30,10 +31,15 @@ class Upstream(BaseHTTPRequestHandler):
     application/vnd.test+json, or EVENTS as text/event-stream on .../stream."""
 
     seen: ClassVar[list[tuple[str, str, str | None, bytes]]] = []
+    durable: ClassVar[Path | None] = None  # the durable floor's file: its rows are counted as each request comes
+    rows_seen: ClassVar[list[list[tuple[str, int]]]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         self.seen.append(("POST", self.path, self.headers.get("content-type"), body))
+        if self.durable is not None:
+            with sqlite3.connect(self.durable) as connection:  # another connection: committed rows only
+                self.rows_seen.append(connection.execute("SELECT path, body_bytes FROM requests ORDER BY id").fetchall())
         if self.path.endswith("/stream"):
             self._answer(200, "text/event-stream", EVENTS)
         else:
@@ -52,7 +58,7 @@ class Upstream(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def upstream() -> Iterator[str]:
-    Upstream.seen = []
+    Upstream.seen, Upstream.durable, Upstream.rows_seen = [], None, []
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), Upstream)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
@@ -66,11 +72,21 @@ def upstream() -> Iterator[str]:
 
 @pytest.fixture
 def floor(upstream: str, tmp_path: Path) -> Iterator[str]:
+    yield from _floor(upstream, tmp_path, [])
+
+
+@pytest.fixture
+def durable_floor(upstream: str, tmp_path: Path) -> Iterator[str]:
+    Upstream.durable = tmp_path / "floor.db"
+    yield from _floor(upstream, tmp_path, ["--durable", str(Upstream.durable)])
+
+
+def _floor(upstream: str, tmp_path: Path, options: list[str]) -> Iterator[str]:
     """The forwarder in its own process group, up once it answers (any status) within 30 s."""
     port = free_port()
     log = (tmp_path / "floor.log").open("wb")
     process = subprocess.Popen([sys.executable, str(REPO / "bench" / "floor_forwarder.py"), "--upstream", upstream,
-                                "--port", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                "--port", str(port), *options], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     base = f"http://127.0.0.1:{port}/v1"
     try:
@@ -114,3 +130,16 @@ def test_no_bearer_key_is_refused_before_the_upstream(floor: str) -> None:
     response = httpx.post(f"{floor}/chat/completions", content=BODY, timeout=10, trust_env=False)
     assert response.status_code == 401
     assert Upstream.seen == []
+
+
+def test_the_durable_floor_commits_a_row_before_forwarding(durable_floor: str) -> None:
+    """The upstream, reading the file on its own connection as each request comes, finds that request's
+    row committed already (and one per request: two requests, two rows); the file is in WAL mode."""
+    for _ in range(2):
+        response = httpx.post(f"{durable_floor}/chat/completions", content=BODY, timeout=10, trust_env=False,
+                              headers={"authorization": "Bearer sk-any", "content-type": "application/json"})
+        assert (response.status_code, response.content) == (201, ANSWER)
+    row = ("/v1/chat/completions", len(BODY))
+    assert Upstream.rows_seen == [[row], [row, row]]
+    with sqlite3.connect(Upstream.durable) as connection:  # type: ignore[arg-type]
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
