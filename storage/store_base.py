@@ -7,7 +7,6 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
-import psycopg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
@@ -74,6 +73,8 @@ class StoreBase:
         if pipeline is None:  # SQLite, or a PostgreSQL driver other than psycopg 3
             yield Batch(connection, None, self._compiled_reads)
             return
+        import psycopg  # the driver's own module, loaded with it: a SQLite gateway never imports it (about 8 MB)
+
         batch = Batch(connection, connection.connection.driver_connection, self._compiled_reads)
         try:
             try:

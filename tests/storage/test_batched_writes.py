@@ -3,6 +3,9 @@ pipeline mode), and an error the server reports for one of them is SQLAlchemy's,
 be, so the capture's retry (IntegrityError) and its 400 for an unstorable value (DataError) still work."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -19,6 +22,7 @@ from storage.database import make_engine
 from storage.record_types import RunStart
 from storage.records import RecordStore
 from storage.schema import Blob, ConversationNode, MessageNode
+from tests.conftest import REPO
 from testkit.gateway import make_store
 
 NOW = datetime(2026, 12, 4, tzinfo=timezone.utc)
@@ -177,3 +181,34 @@ def test_a_postgresql_capture_reads_in_its_two_trips(postgres_url: str, tmp_path
         assert sum(1 for s in statements if s.startswith("INSERT INTO conversations ")) == 2  # the new and the idle
     finally:
         store.engine.dispose()
+
+
+SQLITE_ONLY = """
+import json, sys
+from pathlib import Path
+from gateway.upstream.encodings import use_bundled_encodings
+use_bundled_encodings()
+import gateway.app
+from policies.transcript import message_path
+from storage.record_types import RunStart
+from testkit.gateway import make_store
+folder = Path(sys.argv[1])
+store = make_store(f"sqlite:///{folder}/gateway.db", folder / "blobs")
+messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "the file"}]
+run = RunStart(request_id="req_1", tenant="acme", participant="agent", model="fake", upstream_model="openai/fake",
+               stream=False)
+store.ingest(message_path("acme", messages), run)
+print(json.dumps({"psycopg": sorted(name for name in sys.modules if name.split(".")[0] == "psycopg")}))
+"""
+
+
+def test_a_sqlite_gateway_never_loads_psycopg(tmp_path: Path) -> None:
+    """psycopg is the PostgreSQL driver's (about 8 MB resident): a gateway on SQLite that starts its app,
+    migrates its schema and captures a request (through `_batched`) leaves it unloaded. In a fresh
+    interpreter: this one's other tests may have loaded it."""
+    result = subprocess.run([sys.executable, "-c", SQLITE_ONLY, str(tmp_path)], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"psycopg": []}
