@@ -429,6 +429,7 @@ class Window(NamedTuple):
     errors: list[str]
     seconds: float
     cpu_seconds: float = math.nan  # the target's CPU time (its process tree's) over the window
+    client_cpu_seconds: float = math.nan  # this process's (the load generator's) over the window
 
 
 async def _drive(clients: list[httpx.AsyncClient], transcript: Transcript, rounds: Iterator[int],
@@ -469,9 +470,9 @@ async def _window(target: Server, transcript: Transcript, rounds: Iterator[int],
     try:
         if warmup > 0:
             await _drive(pool, transcript, rounds, warmup)
-        cpu = target.cpu_seconds()
+        cpu, own = target.cpu_seconds(), time.process_time()
         window = await _drive(pool, transcript, rounds, seconds)
-        return window._replace(cpu_seconds=target.cpu_seconds() - cpu)
+        return window._replace(cpu_seconds=target.cpu_seconds() - cpu, client_cpu_seconds=time.process_time() - own)
     finally:
         await asyncio.gather(*(client.aclose() for client in pool))
 
@@ -497,15 +498,25 @@ def load_summary(clients: int, windows: list[Window]) -> dict[str, Any]:
             "errors": len(errors), "first_error": errors[0] if errors else None,
             "rps": len(latencies) / elapsed if elapsed else math.nan,
             "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
-            "cpu_ms_per_request": cpu_ms_per_request(windows)}
+            "cpu_ms_per_request": cpu_ms_per_request(windows),
+            "client_cpu_ms_per_request": cpu_ms_per_request(windows, client=True)}
 
 
-def cpu_ms_per_request(windows: list[Window]) -> float:
+def cpu_ms_per_request(windows: list[Window], client: bool = False) -> float:
     """The target's CPU time over its windows per request answered (what bounds its requests/s: a
-    process that holds the GIL for c ms a request serves at most 1000 / c of them a second)."""
+    process that holds the GIL for c ms a request serves at most 1000 / c of them a second); `client`:
+    the load generator's own (this process's) instead."""
     answered = sum(len(window.latencies) for window in windows)
-    used = sum(window.cpu_seconds for window in windows)
+    used = sum(window.client_cpu_seconds if client else window.cpu_seconds for window in windows)
     return used * 1000 / answered if answered and not math.isnan(used) else math.nan
+
+
+def workers_bound(target_cpu: float, client_cpu: float, upstream_cpu: float, cpus: int, workers: int = 2) -> float:
+    """The most `workers` processes of a target can serve against one on `cpus` CPUs shared with the load
+    generator and the upstream, all CPU-bound: together they serve at most cpus * 1000 / (target + client
+    + upstream CPU ms a request) a second, one worker (the GIL holds it to one CPU) at most 1000 / target."""
+    total = target_cpu + client_cpu + upstream_cpu
+    return min(float(workers), cpus * target_cpu / total) if total > 0 else math.nan  # NaN in: NaN out
 
 
 def interleaved_loads(servers: dict[str, Server], transcript: Transcript, rounds: Iterator[int],
@@ -648,11 +659,26 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(f"FAILED {row['transcript']} / {row['target']}: {row['failed'].splitlines()[0][:200]}")
     print("\nCPU ms per answered request under load (the process tree's user + system time over the measured "
           "windows; 1000 / it bounds the requests/s of a process the GIL holds to one CPU): @20 / @50 clients")
+    print("  (then the load generator's own CPU ms per request, this process's, @20 / @50; and for a gateway, the most "
+          f"two workers could serve against one at 20 clients on this machine's {os.cpu_count()} CPUs shared with the "
+          "load generator and the upstream: min(2, CPUs x gateway / (gateway + generator + direct's CPU ms)))")
+    direct_cpu = {row["transcript"]: row.get("load", {}).get("20", {}).get("cpu_ms_per_request", math.nan)
+                  for row in rows if row["target"] == "direct"}
     for row in rows:
         loads = row.get("load", {})
         if loads:
-            print(f"  {row['transcript']:<15} {row['target']:<29} "
-                  + " / ".join(f"{loads.get(str(n), {}).get('cpu_ms_per_request', math.nan):.2f}" for n in CONCURRENCY))
+            own = " / ".join(f"{loads.get(str(n), {}).get('client_cpu_ms_per_request', math.nan):.2f}"
+                             for n in CONCURRENCY)
+            line = (f"  {row['transcript']:<15} {row['target']:<29} "
+                    + " / ".join(f"{loads.get(str(n), {}).get('cpu_ms_per_request', math.nan):.2f}" for n in CONCURRENCY)
+                    + f"   generator {own}")
+            at20 = loads.get("20", {})
+            if row["target"].startswith("gateway"):
+                bound = workers_bound(at20.get("cpu_ms_per_request", math.nan),
+                                      at20.get("client_cpu_ms_per_request", math.nan),
+                                      direct_cpu.get(row["transcript"], math.nan), os.cpu_count() or 1)
+                line += f"   two workers at most {bound:.2f}x"
+            print(line)
     print("\nadded median (ms) by request: resend of the transcript / transcript + 1 new tool round")
     for row in rows:
         added = row.get("sequential", {}).get("added_ms")

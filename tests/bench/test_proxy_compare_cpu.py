@@ -67,3 +67,36 @@ def test_the_long_transcripts_figures_are_set_against_the_short_ones_per_target(
     no_load = [_row("synthetic-100", "floor", 0.8, 2.0), {**_row("synthetic-1000", "floor", 2.4, 3.0), "load": {}}]
     [only] = scaling_comparisons(no_load)
     assert only["added_median_ratio"] == pytest.approx(3.0) and math.isnan(only["cpu20_ratio"])
+
+
+def test_the_load_generators_cpu_is_its_own_figure_and_bounds_what_more_workers_serve() -> None:
+    """The load generator's CPU over the answered requests (this process's, beside the target's), and the
+    most two workers of a target serve against one on CPUs shared with the generator and the upstream."""
+    from proxy_compare import workers_bound
+    windows = [Window([10.0] * 30, [], 1.0, cpu_seconds=0.3, client_cpu_seconds=0.06),
+               Window([10.0] * 10, [], 1.0, cpu_seconds=0.1, client_cpu_seconds=0.02)]
+    assert load_summary(20, windows)["client_cpu_ms_per_request"] == pytest.approx(2.0)  # 0.08 s over 40
+    assert math.isnan(cpu_ms_per_request([Window([1.0], [], 1.0, cpu_seconds=0.1)], client=True))
+    # 2 CPUs, a gateway at 4 ms a request, the generator at 3, the upstream at 1: 2 * 4 / 8 = 1x at most
+    assert workers_bound(4.0, 3.0, 1.0, cpus=2) == pytest.approx(1.0)
+    assert workers_bound(4.0, 0.0, 0.0, cpus=8) == 2.0  # CPUs to spare: the count of workers bounds it
+    assert math.isnan(workers_bound(4.0, math.nan, 1.0, cpus=2))
+
+
+def test_a_measured_window_times_the_load_generator_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_window` reads this process's CPU time around the measured load, as it reads the target's."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import proxy_compare
+
+    async def drive(*_args: object) -> Window:
+        end = time.process_time() + 0.05
+        while time.process_time() < end:
+            pass
+        return Window([1.0], [], 0.05)
+
+    target = SimpleNamespace(api_base="http://127.0.0.1:9/v1", headers={}, cpu_seconds=lambda: 1.0)
+    monkeypatch.setattr(proxy_compare, "_drive", drive)
+    window = asyncio.run(proxy_compare._window(target, None, iter(()), 1, 0.05, 0.0))  # type: ignore[arg-type]
+    assert window.cpu_seconds == 0.0 and 0.04 <= window.client_cpu_seconds < 1.0
