@@ -232,16 +232,13 @@ def upstream_server(folder: Path) -> Server:
 @contextmanager
 def floor_server(upstream: Server, workers: int, folder: Path, durable: bool = False) -> Iterator[Server]:
     """bench/floor_forwarder.py in front of the upstream, with the gateway's worker count; `durable`: the
-    durable floor, on a fresh SQLite file in `folder`."""
+    durable floor, on a SQLite file in `folder` (the row's own, fresh)."""
     port = free_port()
     name = "floor-durable" if durable else "floor"
     command = [sys.executable, str(BENCH / "floor_forwarder.py"), "--upstream", upstream.api_base,
                "--port", str(port), "--workers", str(workers)]
     if durable:
-        database = folder / "floor-durable.db"
-        for leftover in folder.glob("floor-durable.db*"):
-            leftover.unlink()
-        command += ["--durable", str(database)]
+        command += ["--durable", str(folder / "floor-durable.db")]
     yield Server(name, command, port, TENANT_KEY, folder / f"{name}.log")
 
 

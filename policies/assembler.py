@@ -128,13 +128,13 @@ class _Draft:
         self.omissions.update(omitted)
 
 
-def _in_epoch(found: Result, moved_from: str, epoch_round: int) -> Result:
-    """An earlier request's decision (`found`), its reason naming this request's epoch where it named
-    the earlier's (`moved_from`)."""
+def _in_epoch(found: Result, moved_from: str, moved_to: str) -> Result:
+    """An earlier request's decision (`found`), its reason naming this request's epoch (`moved_to`) where it
+    named the earlier's (`moved_from`)."""
     decision = found[0]
     if decision.reason != moved_from:
         return found
-    return (decision.with_reason(f"epoch:{epoch_round}"), *found[1:])
+    return (decision.with_reason(moved_to), *found[1:])
 
 
 def _latest_and_trailing(state: Assembly) -> tuple[set[int], set[int]]:
@@ -171,7 +171,8 @@ def _decide_results(state: Assembly, draft: _Draft, epochs: Epochs, latest: set[
             continue
         _decide_result(state, draft, index, view, rnd, epochs, latest, trailing)
     if moved_from is not None:
-        again = [(index, _in_epoch(found, moved_from, epochs.epoch_round)) for index, found in again]
+        moved_to = f"epoch:{epochs.epoch_round}"
+        again = [(index, _in_epoch(found, moved_from, moved_to)) for index, found in again]
     draft.take_again(again)
 
 

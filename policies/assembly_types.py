@@ -78,21 +78,24 @@ class Decision:
     @classmethod
     def verbatim(cls, index: int, role: str, tokens: int) -> "Decision":
         """`Decision(index, role, "verbatim", "kept", None, tokens, tokens)`, made in half the time: every
-        request decides this for most of its messages, and a frozen dataclass's `__init__` sets each
-        field through `object.__setattr__`. Filling the instance's dict directly is what that amounts to."""
-        decision = object.__new__(cls)
-        decision.__dict__.update(index=index, role=role, action="verbatim", reason="kept", artifact_id=None,
-                                 tokens_before=tokens, tokens_after=tokens, kept="")
-        return decision
+        request decides this for most of its messages (`_filled`)."""
+        return cls._filled(index, role, "verbatim", "kept", None, tokens, tokens, "")
 
     def with_reason(self, reason: str) -> "Decision":
-        """This decision with another `reason`, made as `verbatim` makes one (`dataclasses.replace` takes
-        four times as long: an epoch's move renames the reason of every memory taken again, some 200
-        a request at 1,000 messages). Only the fields are copied, nothing kept beside them."""
-        decision = object.__new__(Decision)
-        decision.__dict__.update(index=self.index, role=self.role, action=self.action, reason=reason,
-                                 artifact_id=self.artifact_id, tokens_before=self.tokens_before,
-                                 tokens_after=self.tokens_after, kept=self.kept)
+        """This decision with another `reason` (`dataclasses.replace` takes four times as long: an epoch's
+        move renames the reason of every memory taken again, some 200 a request at 1,000 messages). Only
+        the fields are copied, nothing kept beside them."""
+        return Decision._filled(self.index, self.role, self.action, reason, self.artifact_id, self.tokens_before,
+                                self.tokens_after, self.kept)
+
+    @classmethod
+    def _filled(cls, index: int, role: str, action: str, reason: str, artifact_id: str | None, tokens_before: int,
+                tokens_after: int, kept: str) -> "Decision":
+        """A decision of these fields: a frozen dataclass's `__init__` sets each field through
+        `object.__setattr__`; filling the instance's dict directly is what that amounts to."""
+        decision = object.__new__(cls)
+        decision.__dict__.update(index=index, role=role, action=action, reason=reason, artifact_id=artifact_id,
+                                 tokens_before=tokens_before, tokens_after=tokens_after, kept=kept)
         return decision
 
 
