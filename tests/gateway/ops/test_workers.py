@@ -1,14 +1,23 @@
-"""`gateway serve --workers N`: several processes on one socket, on SQLite (WAL) and on PostgreSQL."""
+"""`gateway serve --workers N`: several processes on one port, on SQLite (WAL) and on PostgreSQL."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 import sqlalchemy
 
+from gateway.edge.worker_sockets import spreads_connections
 from scripts.processes import TENANT_KEY, Gateway, fake_upstream, free_port, write_config
 
 
@@ -23,7 +32,7 @@ def _turn(url: str, n: int) -> tuple[int, str]:
     return response.status_code, response.headers.get("x-gateway-request-id", "")
 
 
-def test_two_workers_serve_one_socket_and_record_every_run(storage_url: str, tmp_path: Path) -> None:
+def test_two_workers_serve_one_port_and_record_every_run(storage_url: str, tmp_path: Path) -> None:
     with fake_upstream() as upstream:
         gateway = Gateway(write_config(tmp_path, storage_url, upstream), free_port(), tmp_path / "gateway.log",
                           workers=2).start(seconds=180)  # two processes import LiteLLM at once (2 CPUs: ~60 s)
@@ -49,3 +58,101 @@ def test_two_workers_serve_one_socket_and_record_every_run(storage_url: str, tmp
     assert {statuses[request_id] for _, request_id in answers} == {"ok"}  # every run recorded, none pending
     assert instances == 2
     assert artifacts == 40
+
+
+def _listeners(port: int) -> int:
+    """How many sockets listen on `port` on this machine (Linux: /proc/net/tcp), one per worker here."""
+    return sum(1 for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+               if int(line.split()[1].rsplit(":", 1)[1], 16) == port and line.split()[3] == "0A")
+
+
+def _workers(gateway: Gateway) -> list[int]:
+    assert gateway.process is not None
+    children = Path(f"/proc/{gateway.process.pid}/task/{gateway.process.pid}/children").read_text().split()
+    return [int(pid) for pid in children  # not multiprocessing's resource tracker
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def _wait(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.2)
+
+
+def _clients_at_once(url: str, clients: int, requests: int) -> list[list[str]]:
+    """`clients` keep-alive clients that connect at the same moment (as a fleet of agents started together),
+    each sending `requests` requests on its one connection; the request ids each client got."""
+    barrier = threading.Barrier(clients)
+
+    def client(n: int) -> list[str]:
+        with httpx.Client(base_url=url, headers={"authorization": f"Bearer {TENANT_KEY}"}, timeout=60,
+                          limits=httpx.Limits(max_connections=1)) as http:
+            barrier.wait(30)
+            ids = []
+            for turn in range(requests):
+                response = http.post("/v1/chat/completions", json={"model": "fake", "messages": [
+                    {"role": "user", "content": f"client {n} turn {turn}"}]})
+                assert response.status_code == 200, response.text
+                ids.append(response.headers["x-gateway-request-id"])
+            return ids
+
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(client, range(clients)))
+
+
+@pytest.mark.skipif(not spreads_connections(), reason="SO_REUSEPORT spreads connections only on Linux")
+def test_clients_that_connect_together_are_spread_over_the_workers_and_a_killed_worker_is_replaced(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """uvicorn's shared socket gave all 20 of these clients to one worker; a socket per worker spreads them
+    (the kernel hashes each connection's addresses: one worker getting fewer than 3 of 20 has odds of about
+    4 in 10,000). A worker killed with SIGKILL takes only its own connections: new ones go to the other,
+    and the supervisor starts a replacement that listens and serves."""
+    engine = sqlalchemy.create_engine(sqlite_url)
+
+    def served_by(ids: list[list[str]]) -> list[set[int]]:
+        """For each client, the pids of the workers that served its requests."""
+        with engine.connect() as connection:
+            pids = dict(connection.execute(sqlalchemy.text(
+                "SELECT r.id, i.pid FROM model_runs r JOIN gateway_instances i ON i.id = r.instance_id")).all())
+        return [{pids[request_id] for request_id in client} for client in ids]
+
+    with fake_upstream() as upstream:
+        gateway = Gateway(write_config(tmp_path, sqlite_url, upstream), free_port(), tmp_path / "gateway.log",
+                          workers=2).start(seconds=180)
+        try:
+            _wait(lambda: _listeners(gateway.port) == 2, 120, "both workers listening")
+            first, second = _workers(gateway)
+            spread = served_by(_clients_at_once(gateway.url, 20, 3))
+            assert all(len(pids) == 1 for pids in spread)  # keep-alive: each client stays on its connection
+            per_worker = Counter(next(iter(pids)) for pids in spread)
+            assert set(per_worker) == {first, second} and min(per_worker.values()) >= 3, per_worker
+
+            os.kill(first, signal.SIGKILL)
+            _wait(lambda: first not in _workers(gateway), 10, "the killed worker reaped")
+            during = served_by(_clients_at_once(gateway.url, 8, 2))  # before its replacement listens
+            assert {pid for pids in during for pid in pids} <= {second, *_workers(gateway)}
+            _wait(lambda: len(_workers(gateway)) == 2 and _listeners(gateway.port) == 2, 120, "a replacement")
+            (replacement,) = set(_workers(gateway)) - {second}
+            _wait(lambda: any(replacement in pids for pids in served_by(_clients_at_once(gateway.url, 20, 1))),
+                  30, "the replacement serving")
+        finally:
+            gateway.stop()
+            engine.dispose()
+
+
+@pytest.mark.skipif(not spreads_connections(), reason="SO_REUSEPORT spreads connections only on Linux")
+def test_a_second_gateway_on_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
+    """SO_REUSEPORT would let a second `gateway serve --workers 2` bind the first one's port and take half
+    its connections (with another config); it checks the port first and exits instead."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a worker's socket is
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path, f"sqlite:///{tmp_path / 'gateway.db'}", "http://127.0.0.1:9")
+        result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config),
+                                 "--port", str(port), "--workers", "2"], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert result.returncode == 1
+    assert "cannot start" in result.stderr and f"127.0.0.1:{port}" in result.stderr

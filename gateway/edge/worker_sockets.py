@@ -1,0 +1,119 @@
+"""`gateway serve --workers N`: a listening socket of its own for each worker (Linux's SO_REUSEPORT).
+
+uvicorn's workers share one listening socket, and the worker whose event loop wakes first accepts every
+connection queued by then. Agents' clients keep their connections open, so clients that connect at
+about the same moment (a fleet of agents started together, a load test) stay on that one worker while
+the other idles: 20 keep-alive clients opened at once all landed on one of two workers, which then did
+every request's work (bench/proxy_compare.py `--workers 2` served 1.04x one worker's requests/s).
+
+Here each worker listens on a socket of its own, bound to the same address with SO_REUSEPORT, and the
+kernel gives each new connection to one of them by a hash of the connection's addresses, whichever is
+awake (as nginx's `reuseport` and gunicorn's `--reuse-port`). The supervisor keeps no copy of any
+worker's socket: a worker that dies takes its socket, and the connections queued on it, with it, and
+new connections go to the others until its replacement listens on a new one.
+
+Elsewhere (SO_REUSEPORT does not spread connections on macOS or BSD) the workers share one socket,
+as uvicorn does.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+
+from uvicorn.config import STARTUP_FAILURE, Config
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+log = logging.getLogger("uvicorn.error")
+
+
+def spreads_connections() -> bool:
+    """Whether this kernel spreads connections over sockets bound with SO_REUSEPORT (Linux does)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def check_address_free(host: str, port: int) -> None:
+    """OSError when anything is bound to (host, port), with SO_REUSEPORT or not: a second gateway started
+    on a port that one already serves fails, as with one socket, instead of taking half its connections."""
+    listening_socket(host, port, reuse_port=False).close()
+
+
+def listening_socket(host: str, port: int, reuse_port: bool = True) -> socket.socket:
+    """A TCP socket bound to (host, port), with SO_REUSEPORT, not yet listening (the worker listens)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+class SocketPerWorker(Multiprocess):
+    """uvicorn's worker supervisor (signals, health checks, restarts), each worker on its own socket.
+
+    The supervisor's methods that start a worker are uvicorn's, with the worker started by `spawn`."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config, sockets=[])
+
+    def spawn(self) -> Process:
+        """A started worker that listens on a new socket; this process keeps no copy of it."""
+        sock = listening_socket(self.config.host, self.config.port)
+        try:
+            process = Process(self.config, [sock])
+            process.start()  # the worker is handed the descriptor as it starts
+        finally:
+            sock.close()  # a copy kept here would hold a queue of connections that nobody accepts
+        return process
+
+    def init_processes(self) -> None:
+        log.info("Gateway workers listening on http://%s:%d, a socket each (SO_REUSEPORT)",
+                 self.config.host, self.config.port)
+        for _ in range(self.processes_num):
+            self.processes.append(self.spawn())
+
+    def keep_subprocess_alive(self) -> None:
+        if self.should_exit.is_set():
+            return
+        for index, process in enumerate(self.processes):
+            if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            process.kill()  # hung: killed; dead: reaped
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:  # it would fail the same way on every restart
+                log.error("Child process [%s] failed to start, stopping the parent process.", process.pid)
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            log.info("Child process [%s] died", process.pid)
+            self.processes[index] = self.spawn()
+
+    def restart_all(self) -> None:
+        """Each worker replaced, its replacement serving before it is retired (SIGHUP)."""
+        for index, old in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            new = self.spawn()
+            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                new.kill()
+                new.join()
+                if not self.should_exit.is_set():
+                    log.error("New child process [%s] was not ready in time; keeping worker [%s] and aborting "
+                              "the restart.", new.pid, old.pid)
+                return
+            old.terminate()
+            old.join()
+            self.processes[index] = new
+
+    def handle_ttin(self) -> None:
+        log.info("Received SIGTTIN, increasing the number of processes.")
+        self.processes_num += 1
+        self.processes.append(self.spawn())
+
