@@ -25,6 +25,10 @@ from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 log = logging.getLogger("uvicorn.error")
+# How long SIGHUP waits for a replacement worker to serve before it keeps the old one. uvicorn waits its
+# health check's 5 s, less than a worker takes to import LiteLLM and open its stores (one of two
+# replacements started on 2 busy CPUs took more than that, and every SIGHUP kept the old workers).
+READY_SECONDS = 180.0
 
 
 def spreads_connections() -> bool:
@@ -101,7 +105,7 @@ class SocketPerWorker(Multiprocess):
             if self.should_exit.is_set():
                 return
             new = self.spawn()
-            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+            if not new.wait_until_ready(READY_SECONDS, self.should_exit):
                 new.kill()
                 new.join()
                 if not self.should_exit.is_set():
