@@ -56,8 +56,9 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as error:
         log.error("gateway: cannot start: %s:%d: %s", config.host, config.port, error)
         return 1
-    SocketPerWorker(config).run()
-    return 0
+    supervisor = SocketPerWorker(config)
+    supervisor.run()
+    return 1 if supervisor.failed else 0
 
 
 def _cannot_start(settings: Settings, *, migrate: bool) -> str | None:

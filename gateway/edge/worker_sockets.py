@@ -8,7 +8,10 @@ every request's work (bench/proxy_compare.py `--workers 2` served 1.04x one work
 
 Here each worker listens on a socket of its own, bound to the same address with SO_REUSEPORT, and the
 kernel gives each new connection to one of them by a hash of the connection's addresses, whichever is
-awake (as nginx's `reuseport` and gunicorn's `--reuse-port`). The supervisor keeps no copy of any
+awake (as nginx's `reuseport` and gunicorn's `--reuse-port`). Measured, alternating runs of
+`bench/proxy_compare.py --no-burst --workers N --transcripts synthetic-100 --targets
+gateway-coding-agent-sqlite` (bench/results/proxy_compare_socket_per_worker_run*.json): one worker
+107.7 and 140.6 requests/s at 20 clients, two 176.7 and 172.5. The supervisor keeps no copy of any
 worker's socket: a worker that dies takes its socket, and the connections queued on it, with it, and
 new connections go to the others until its replacement listens on a new one.
 
@@ -65,6 +68,7 @@ class SocketPerWorker(Multiprocess):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config, sockets=[])
+        self.failed = False  # a worker's socket could not be bound at the start: `gateway serve` exits 1
 
     def spawn(self) -> Process:
         """A started worker that listens on a new socket; this process keeps no copy of it."""
@@ -80,7 +84,13 @@ class SocketPerWorker(Multiprocess):
         log.info("Gateway workers listening on http://%s:%d, a socket each (SO_REUSEPORT)",
                  self.config.host, self.config.port)
         for _ in range(self.processes_num):
-            self.processes.append(self.spawn())
+            try:
+                self.processes.append(self.spawn())
+            except OSError as error:  # taken since `check_address_free`: the workers started are stopped
+                log.error("gateway: cannot start: %s:%d: %s", self.config.host, self.config.port, error)
+                self.failed = True
+                self.should_exit.set()
+                return
 
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set():
@@ -97,14 +107,23 @@ class SocketPerWorker(Multiprocess):
             if self.should_exit.is_set():
                 return
             log.info("Child process [%s] died", process.pid)
-            self.processes[index] = self.spawn()
+            try:
+                self.processes[index] = self.spawn()
+            except OSError as error:  # the dead worker stays in its place: the next check tries again
+                log.error("could not replace worker [%s]: %s:%d: %s", process.pid, self.config.host,
+                          self.config.port, error)
 
     def restart_all(self) -> None:
         """Each worker replaced, its replacement serving before it is retired (SIGHUP)."""
         for index, old in enumerate(self.processes):
             if self.should_exit.is_set():
                 return
-            new = self.spawn()
+            try:
+                new = self.spawn()
+            except OSError as error:
+                log.error("could not replace worker [%s]: %s:%d: %s; the restart is aborted", old.pid,
+                          self.config.host, self.config.port, error)
+                return
             if not new.wait_until_ready(READY_SECONDS, self.should_exit):
                 new.kill()
                 new.join()
@@ -118,6 +137,10 @@ class SocketPerWorker(Multiprocess):
 
     def handle_ttin(self) -> None:
         log.info("Received SIGTTIN, increasing the number of processes.")
+        try:
+            self.processes.append(self.spawn())
+        except OSError as error:
+            log.error("could not add a worker: %s:%d: %s", self.config.host, self.config.port, error)
+            return
         self.processes_num += 1
-        self.processes.append(self.spawn())
 

@@ -16,8 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy
+import uvicorn
+from uvicorn.supervisors.multiprocess import SIGNALS
 
-from gateway.edge.worker_sockets import spreads_connections
+from gateway.edge.worker_sockets import SocketPerWorker, spreads_connections
 from scripts.processes import TENANT_KEY, Gateway, fake_upstream, free_port, write_config
 
 
@@ -171,3 +173,25 @@ def test_a_second_gateway_on_a_port_in_use_refuses_to_start(tmp_path: Path) -> N
                                 env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert result.returncode == 1
     assert "cannot start" in result.stderr and f"127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.skipif(not spreads_connections(), reason="SO_REUSEPORT spreads connections only on Linux")
+def test_a_worker_socket_that_cannot_be_bound_stops_the_start(caplog: pytest.LogCaptureFixture) -> None:
+    """The port taken between the check and a worker's bind: no worker is left running, and `gateway serve`
+    exits 1 (`failed`) with the address and the error logged."""
+    with socket.socket() as taken:  # without SO_REUSEPORT: no other socket may join it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = uvicorn.Config("gateway.app:app_from_environment", factory=True, workers=2, host="127.0.0.1",
+                                port=port, log_config=None)  # the test process's logging left alone
+        handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}  # the supervisor takes them over
+        try:
+            supervisor = SocketPerWorker(config)
+            supervisor.init_processes()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    assert supervisor.failed and supervisor.should_exit.is_set()
+    assert supervisor.processes == []
+    assert f"cannot start: 127.0.0.1:{port}" in caplog.text
