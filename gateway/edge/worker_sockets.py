@@ -17,10 +17,17 @@ new connections go to the others until its replacement listens on a new one.
 
 Elsewhere (SO_REUSEPORT does not spread connections on macOS or BSD) the workers share one socket,
 as uvicorn does.
+
+A worker whose supervisor dies (SIGKILL, the OOM killer) is sent SIGTERM by the kernel (Linux's
+PR_SET_PDEATHSIG) and shuts down as on any SIGTERM, its requests in flight finished and recorded: left
+running, orphans would keep the port, and a gateway started again would find it in use.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
 import socket
 import sys
 
@@ -61,6 +68,38 @@ def listening_socket(host: str, port: int, reuse_port: bool = True) -> socket.so
     return sock
 
 
+_PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h)
+
+
+def die_with(supervisor: int) -> None:
+    """SIGTERM for this process when the thread that started it ends (its supervisor's main thread),
+    where the kernel offers it (Linux); and at once if `supervisor` is gone already."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return
+    if os.getppid() != supervisor:  # it died before the request was made: no signal would come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Worker(Process):
+    """uvicorn's worker process, which ends when its supervisor does."""
+
+    def __init__(self, config: Config, sockets: list[socket.socket]) -> None:
+        self.supervisor = os.getpid()
+        super().__init__(config, sockets)
+
+    def target(self, sockets: list[socket.socket] | None = None) -> None:  # pragma: no cover (in the child)
+        die_with(self.supervisor)
+        super().target(sockets)
+
+
 class SocketPerWorker(Multiprocess):
     """uvicorn's worker supervisor (signals, health checks, restarts), each worker on its own socket.
 
@@ -74,7 +113,7 @@ class SocketPerWorker(Multiprocess):
         """A started worker that listens on a new socket; this process keeps no copy of it."""
         sock = listening_socket(self.config.host, self.config.port)
         try:
-            process = Process(self.config, [sock])
+            process = Worker(self.config, [sock])
             process.start()  # the worker is handed the descriptor as it starts
         finally:
             sock.close()  # a copy kept here would hold a queue of connections that nobody accepts

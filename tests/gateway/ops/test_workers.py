@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -73,6 +74,14 @@ def _workers(gateway: Gateway) -> list[int]:
     children = Path(f"/proc/{gateway.process.pid}/task/{gateway.process.pid}/children").read_text().split()
     return [int(pid) for pid in children  # not multiprocessing's resource tracker
             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def _running(pid: int) -> bool:
+    """Whether the process exists and has not exited (a zombie waits for whoever adopted it to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _wait(condition, seconds: float, what: str) -> None:
@@ -195,3 +204,40 @@ def test_a_worker_socket_that_cannot_be_bound_stops_the_start(caplog: pytest.Log
     assert supervisor.failed and supervisor.should_exit.is_set()
     assert supervisor.processes == []
     assert f"cannot start: 127.0.0.1:{port}" in caplog.text
+
+
+@pytest.mark.skipif(not spreads_connections(), reason="PR_SET_PDEATHSIG and the socket per worker are Linux's")
+def test_workers_whose_supervisor_is_killed_shut_down_and_free_the_port(sqlite_url: str, tmp_path: Path) -> None:
+    """SIGKILL to the supervisor alone: its workers get SIGTERM from the kernel and shut down as on any
+    SIGTERM (every run recorded, none pending), and a gateway started again on the port serves there."""
+    engine = sqlalchemy.create_engine(sqlite_url)
+    with fake_upstream() as upstream:
+        config = write_config(tmp_path, sqlite_url, upstream)
+        port = free_port()
+        gateway = Gateway(config, port, tmp_path / "gateway.log", workers=2).start(seconds=180)
+        workers: list[int] = []
+        try:
+            _wait(lambda: _listeners(port) == 2, 120, "both workers listening")
+            workers = _workers(gateway)
+            answered = _clients_at_once(gateway.url, 6, 2)
+            assert gateway.process is not None
+            os.kill(gateway.process.pid, signal.SIGKILL)
+            gateway.process.wait(10)
+            _wait(lambda: not any(_running(pid) for pid in workers), 60, "the orphaned workers gone")
+            assert _listeners(port) == 0
+        finally:
+            gateway.stop()
+            for pid in workers:  # none is left behind if the test fails
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        again = Gateway(config, port, tmp_path / "again.log", workers=2).start(seconds=180)
+        try:
+            status, _ = _turn(again.url, 1)
+        finally:
+            again.stop()
+    with engine.connect() as connection:
+        statuses = dict(connection.execute(sqlalchemy.text("SELECT id, status FROM model_runs")).all())
+    engine.dispose()
+    assert status == 200
+    assert {statuses[request_id] for ids in answered for request_id in ids} == {"ok"}
+    assert "pending" not in statuses.values()
