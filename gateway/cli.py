@@ -23,7 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from gateway.app import CONFIG_ENV, create_app
     from gateway.edge.connections import PROTOCOL
-    from gateway.edge.worker_sockets import SocketPerWorker, check_address_free, spreads_connections
+    from gateway.edge.worker_sockets import SocketPerWorker, spreads_connections
     from gateway.ops.logs import logging_config, serve_logging
     from gateway.ops.memory import limit_malloc_arenas
 
@@ -50,13 +50,8 @@ def _serve(args: argparse.Namespace) -> int:
     if not spreads_connections() or where["port"] == 0:  # port 0: each socket would get a port of its own
         uvicorn.run("gateway.app:app_from_environment", factory=True, workers=args.workers, **where)
         return 0
-    config = uvicorn.Config("gateway.app:app_from_environment", factory=True, workers=args.workers, **where)
-    try:
-        check_address_free(config.host, config.port)
-    except OSError as error:
-        log.error("gateway: cannot start: %s:%d: %s", config.host, config.port, error)
-        return 1
-    supervisor = SocketPerWorker(config)
+    supervisor = SocketPerWorker(
+        uvicorn.Config("gateway.app:app_from_environment", factory=True, workers=args.workers, **where))
     supervisor.run()
     return 1 if supervisor.failed else 0
 

@@ -119,17 +119,37 @@ class SocketPerWorker(Multiprocess):
             sock.close()  # a copy kept here would hold a queue of connections that nobody accepts
         return process
 
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.config.port}"
+
+    def _spawn_or_log(self, failing: str) -> Process | None:
+        """`spawn`, or None with `failing` logged beside the address and the error."""
+        try:
+            return self.spawn()
+        except OSError as error:
+            log.error("%s: %s: %s", failing, self.address, error)
+            return None
+
     def init_processes(self) -> None:
-        log.info("Gateway workers listening on http://%s:%d, a socket each (SO_REUSEPORT)",
-                 self.config.host, self.config.port)
+        """The workers; none if the address is in use (checked with a plain bind first: SO_REUSEPORT would
+        let a second gateway join one that serves it) or a worker's socket cannot be bound, and then
+        `failed`, the workers started stopped by `run`."""
+        try:
+            check_address_free(self.config.host, self.config.port)
+        except OSError as error:
+            log.error("gateway: cannot start: %s: %s", self.address, error)
+            self.failed = True
+            self.should_exit.set()
+            return
+        log.info("Gateway workers listening on http://%s, a socket each (SO_REUSEPORT)", self.address)
         for _ in range(self.processes_num):
-            try:
-                self.processes.append(self.spawn())
-            except OSError as error:  # taken since `check_address_free`: the workers started are stopped
-                log.error("gateway: cannot start: %s:%d: %s", self.config.host, self.config.port, error)
+            process = self._spawn_or_log("gateway: cannot start")  # taken since the check
+            if process is None:
                 self.failed = True
                 self.should_exit.set()
                 return
+            self.processes.append(process)
 
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set():
@@ -146,22 +166,16 @@ class SocketPerWorker(Multiprocess):
             if self.should_exit.is_set():
                 return
             log.info("Child process [%s] died", process.pid)
-            try:
-                self.processes[index] = self.spawn()
-            except OSError as error:  # the dead worker stays in its place: the next check tries again
-                log.error("could not replace worker [%s]: %s:%d: %s", process.pid, self.config.host,
-                          self.config.port, error)
+            # None: the dead worker stays in its place, and the next check tries again
+            self.processes[index] = self._spawn_or_log(f"could not replace worker [{process.pid}]") or process
 
     def restart_all(self) -> None:
         """Each worker replaced, its replacement serving before it is retired (SIGHUP)."""
         for index, old in enumerate(self.processes):
             if self.should_exit.is_set():
                 return
-            try:
-                new = self.spawn()
-            except OSError as error:
-                log.error("could not replace worker [%s]: %s:%d: %s; the restart is aborted", old.pid,
-                          self.config.host, self.config.port, error)
+            new = self._spawn_or_log(f"could not replace worker [{old.pid}], the restart is aborted")
+            if new is None:
                 return
             if not new.wait_until_ready(READY_SECONDS, self.should_exit):
                 new.kill()
@@ -176,10 +190,7 @@ class SocketPerWorker(Multiprocess):
 
     def handle_ttin(self) -> None:
         log.info("Received SIGTTIN, increasing the number of processes.")
-        try:
-            self.processes.append(self.spawn())
-        except OSError as error:
-            log.error("could not add a worker: %s:%d: %s", self.config.host, self.config.port, error)
-            return
-        self.processes_num += 1
-
+        process = self._spawn_or_log("could not add a worker")
+        if process is not None:
+            self.processes.append(process)
+            self.processes_num += 1

@@ -20,6 +20,7 @@ import sqlalchemy
 import uvicorn
 from uvicorn.supervisors.multiprocess import SIGNALS
 
+from gateway.edge import worker_sockets
 from gateway.edge.worker_sockets import SocketPerWorker, spreads_connections
 from scripts.processes import TENANT_KEY, Gateway, fake_upstream, free_port, write_config
 
@@ -185,9 +186,11 @@ def test_a_second_gateway_on_a_port_in_use_refuses_to_start(tmp_path: Path) -> N
 
 
 @pytest.mark.skipif(not spreads_connections(), reason="SO_REUSEPORT spreads connections only on Linux")
-def test_a_worker_socket_that_cannot_be_bound_stops_the_start(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_worker_socket_that_cannot_be_bound_stops_the_start(caplog: pytest.LogCaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The port taken between the check and a worker's bind: no worker is left running, and `gateway serve`
     exits 1 (`failed`) with the address and the error logged."""
+    monkeypatch.setattr(worker_sockets, "check_address_free", lambda host, port: None)  # taken after it
     with socket.socket() as taken:  # without SO_REUSEPORT: no other socket may join it
         taken.bind(("127.0.0.1", 0))
         taken.listen()
