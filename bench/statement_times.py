@@ -41,6 +41,7 @@ from sqlalchemy import event  # noqa: E402
 from bench_transcripts import TOOLS, Transcript, alternating_sender, synthetic_session  # noqa: E402
 from conversation_memory import Gateway, wait_for_outcomes  # noqa: E402
 from scripts.processes import postgres_schema  # noqa: E402
+from storage.driver_statements import DriverStatements  # noqa: E402
 
 KIND_WORDS = 4  # a statement's kind: its first words
 
@@ -60,6 +61,27 @@ class StatementClock:
         self._started: dict[int, float] = {}
         event.listen(engine, "before_cursor_execute", self._before)
         event.listen(engine, "after_cursor_execute", self._after)
+        self._time_driver_statements()
+
+    def _time_driver_statements(self) -> None:
+        """SQLite's request path runs its statements on the driver's cursor (storage/driver_statements.py),
+        past SQLAlchemy's events: each such run timed too, as the statement it sends (its processing of
+        parameters and rows included, a few microseconds)."""
+        run = DriverStatements.run
+        clock = self
+
+        def timed(driver: DriverStatements, connection: Any, statement: Any, parameters: Any = None) -> list[Any]:
+            started = time.perf_counter()
+            try:
+                return run(driver, connection, statement, parameters)
+            finally:
+                many = isinstance(parameters, (list, tuple))
+                if clock.on and (parameters or not many):
+                    first = parameters[0] if many else (parameters or {})
+                    sql = driver.compiled(statement, tuple(first) if many else None).sql
+                    clock._count(time.perf_counter() - started, sql, parameters, many)
+
+        DriverStatements.run = timed  # type: ignore[method-assign]
 
     def _before(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
         self._started[id(cursor)] = time.perf_counter()
@@ -68,7 +90,10 @@ class StatementClock:
         started = self._started.pop(id(cursor), None)
         if not self.on or started is None:
             return
-        took, kind = time.perf_counter() - started, kind_of(statement)
+        self._count(time.perf_counter() - started, statement, parameters, many)
+
+    def _count(self, took: float, statement: str, parameters: Any, many: bool) -> None:
+        kind = kind_of(statement)
         self.seconds[kind] += took
         self.counts[kind] += 1
         if took > self.slowest.get(kind, (0.0,))[0]:

@@ -24,7 +24,7 @@ an exclusive holder deletes them all: no two captures wait on each other in a cy
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from sqlalchemy import Connection, String, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -95,15 +95,17 @@ def inserted_artifacts(path: Sequence[PathNode], inserted: Sequence[str]) -> int
     return sum(1 for node in path if node.id in made and is_artifact(node))
 
 
-def artifact_members(connection: Connection, conversation: str, stored: int | None, added: int) -> int:
+def artifact_members(execute: Callable[[Any, Mapping[str, Any]], list[Any]], conversation: str,
+                     stored: int | None, added: int) -> int:
     """The conversation's artifact memberships once this capture's `added` ones are in, from the figure
-    `stored` on its row when the capture took the row's lock (None: not counted yet)."""
+    `stored` on its row when the capture took the row's lock (None: not counted yet); `execute`: the
+    store's, on the capture's connection."""
     if stored is not None:
         if added:
-            connection.execute(_ADD, {"conversation": conversation, "added": added})
+            execute(_ADD, {"conversation": conversation, "added": added})
         return stored + added
-    counted = int(connection.scalar(_ALL_ARTIFACT_MEMBERS, {"conversation": conversation}) or 0)
-    connection.execute(_STORE_FIRST, {"conversation": conversation, "counted": counted})
+    counted = int(execute(_ALL_ARTIFACT_MEMBERS, {"conversation": conversation})[0][0] or 0)
+    execute(_STORE_FIRST, {"conversation": conversation, "counted": counted})
     return counted
 
 

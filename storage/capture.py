@@ -11,28 +11,17 @@ over, so no request ever ends up pointing at removed rows.
 """
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 from datetime import datetime, timedelta
-from typing import Any, Literal, Mapping, Sequence, overload
+from typing import Any, Literal, Sequence, overload
 
 from sqlalchemy import Connection, bindparam, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
 
-from policies.canonical import fast_canonical_json
-from policies.tokens import count_text
-from policies.tool_status import message_status
-from policies.transcript import (
-    PathNode,
-    artifact_id_for,
-    conversation_id_for,
-    first_user_node,
-    label_conversation_id,
-    tool_call_pk,
-    tool_result_bytes,
-)
-from storage.encryption import artifact_aad, artifact_arguments_aad, call_arguments_aad, node_aad
+from policies.transcript import PathNode, label_conversation_id, tool_call_pk
 from storage.artifact_members import artifact_members, inserted_artifacts, join_counting
+from storage.capture_rows import CaptureRows, Prepared
+from storage.encryption import call_arguments_aad
 from storage.conversation_reads import ConversationReads, Written
 from storage.path_reads import id_list, statements
 from storage.record_types import (
@@ -76,19 +65,8 @@ _INSERT_RUN = insert(_RUNS)
 _INCARNATION = (select(_CONVERSATIONS.c.incarnation, _CONVERSATIONS.c.artifact_members)
                 .where(_CONVERSATIONS.c.id == bindparam("id")))
 
-# call id -> (assistant node, call, author): a result belongs to whoever made the call
-_OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
 
-
-def _open_calls(assistant: PathNode | None) -> _OpenCalls:
-    """The calls of an assistant message (none without one), which the results after it answer."""
-    if assistant is None:
-        return {}
-    author = assistant.message.get("name")
-    return {str(c.get("id")): (assistant.id, c, author) for c in assistant.message.get("tool_calls") or []}
-
-
-class Capture(ConversationReads, RunOutcomes):
+class Capture(CaptureRows, ConversationReads, RunOutcomes):
     def ingest(self, path: Sequence[PathNode], run: RunStart) -> IngestResult:
         """Store the request's new nodes, tool calls and artifacts, and open its run."""
         if not path:
@@ -117,13 +95,15 @@ class Capture(ConversationReads, RunOutcomes):
     def _write_capture(self, path: Sequence[PathNode], run: RunStart, read: bool = False) -> Written | IngestResult:
         """The capture, committed; with `read`, and what the assembly reads about the path, in the same
         transaction."""
+        prepared = self._prepare(path, run)
+
         def capture(connection: Connection) -> Written | IngestResult:
-            written = self._ingest(connection, path, run)
+            written = self._ingest(connection, path, run, prepared)
             return self._read_after_capture(connection, path, run, written) if read else written
 
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                return self._in_transaction(capture)
+                captured = self._in_transaction(capture)
             except DataError as exc:
                 raise UnstorableValue(str(getattr(exc, "orig", exc)).splitlines()[0]) from exc
             except IntegrityError:
@@ -131,43 +111,35 @@ class Capture(ConversationReads, RunOutcomes):
                 # capture again, and the missing nodes are stored anew.
                 if attempt == INGEST_ATTEMPTS:
                     raise
+            else:
+                self._captured_leaves.put(path[-1].id, True)
+                return captured
         raise AssertionError("unreachable")
 
-    def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart) -> Written:
-        tenant = run.tenant
-        tree_id = path[0].id
-        conversation = conversation_id_for(tenant, run.session_label, path, run.request_id)
-        now = self._now()
+    def _ingest(self, connection: Connection, path: Sequence[PathNode], run: RunStart, prepared: Prepared) -> Written:
+        tenant, tree_id, conversation, now = run.tenant, prepared.tree_id, prepared.conversation, prepared.now
         # First: the row lock it takes is what garbage collection rechecks a conversation under.
-        opening = first_user_node(path)
         ids = [n.id for n in path]
         incarnation, stored_members, exclusive, probed = self._hold_conversation(
-            connection, tenant, conversation, now, opening.id if opening else None, ids)
+            connection, tenant, conversation, now, prepared.opening_node, ids)
         parent = self._parent_run(connection, run)
         if run.parent_request_id is not None and parent is None:  # unknown, or another tenant's: one answer
             raise UnknownParentRequest(run.parent_request_id)
         existing, members = self._known_nodes(connection, conversation, ids, probed)
-        new: list[PathNode] = []
+        built = prepared.rows
+        if any(i not in existing and i not in built for i in ids):  # new, yet not among the likely new
+            built = {**built, **self._new_rows(tenant, tree_id, path, lambda i: i not in existing and i not in built,
+                                               run, now)}
+        new = [n for n in path if n.id not in existing]
         node_rows, asking, artifact_rows, blobs = [], [], [], {}
-        asked: PathNode | None = None  # the latest assistant message so far, whose calls are open
-        open_calls: _OpenCalls = {}
-        calls_of: PathNode | None = None  # whose calls `open_calls` holds (worked out for new nodes only)
-        for node in path:
-            role = node.message.get("role")
-            if role == "assistant":
-                asked = node
-            if node.id in existing:
-                continue
-            if asked is not calls_of:
-                open_calls, calls_of = _open_calls(asked), asked
-            new.append(node)
-            row, artifact, raw = self._node_rows(tenant, tree_id, node, open_calls, run, now)
+        for node in new:
+            row, artifact, raw = built[node.id]
             node_rows.append(row)
             if artifact is not None:
                 artifact_rows.append(artifact)
                 if artifact["blob_key"]:
                     blobs[artifact["blob_key"]] = raw
-            if role == "assistant" and node.message.get("tool_calls"):
+            if node.message.get("role") == "assistant" and node.message.get("tool_calls"):
                 asking.append(node)
         call_rows = self._call_rows(connection, tenant, asking, now)  # its read first: the writes go as one batch
         joining = [n for n in path if n.id not in members]
@@ -179,7 +151,7 @@ class Capture(ConversationReads, RunOutcomes):
             self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
             in_conversation = self._join_conversation(connection, conversation, path, joining, stored_members,
                                                       exclusive)
-            connection.execute(_INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
+            self._execute(connection, _INSERT_RUN, [self._run_row(run, tree_id, conversation, path, parent)])
             # and, in the same trip, what the assembly reads after them
             prefetched = self.queue_reads(batch, path, run, conversation, incarnation) if self.is_postgresql else None
         return Written(tree_id, conversation, tuple(n.id for n in new), tuple(a["id"] for a in artifact_rows),
@@ -196,16 +168,16 @@ class Capture(ConversationReads, RunOutcomes):
         joined = self._insert_ignoring_conflicts(
             connection, ConversationNode, [{"conversation_id": conversation, "node_id": n.id} for n in joining],
             returning="node_id")
-        return artifact_members(connection, conversation, stored, inserted_artifacts(path, joined))
+        return artifact_members(functools.partial(self._execute, connection), conversation, stored,
+                                inserted_artifacts(path, joined))
 
-    @staticmethod
-    def _parent_run(connection: Connection, run: RunStart) -> Any:
+    def _parent_run(self, connection: Connection, run: RunStart) -> Any:
         """The row (tenant, conversation) of the run `run` names as its parent, when one of its tenant
         is there; else None."""
         if run.parent_request_id is None:
             return None
-        parent = connection.execute(_PARENT_RUN, {"id": run.parent_request_id}).first()
-        return parent if parent is not None and parent.tenant == run.tenant else None
+        found = self._execute(connection, _PARENT_RUN, {"id": run.parent_request_id})
+        return found[0] if found and found[0][0] == run.tenant else None
 
     def _run_row(self, run: RunStart, tree_id: str, conversation: str,
                  path: Sequence[PathNode], parent: Any = None) -> dict[str, Any]:
@@ -217,7 +189,7 @@ class Capture(ConversationReads, RunOutcomes):
             conversation_id=conversation,
             participant=run.participant,
             parent_request_id=run.parent_request_id,
-            parent_conversation_id=parent.conversation_id if parent is not None else None,
+            parent_conversation_id=parent[1] if parent is not None else None,
             model=run.model,
             upstream_model=run.upstream_model,
             leaf_node_id=path[-1].id if path else run.request_id,
@@ -247,92 +219,6 @@ class Capture(ConversationReads, RunOutcomes):
             # Verifies what is there (re-sealing a file under an older key, or in the clear, with the
             # current one); fsynced before the row commits.
             self.sealed_blobs.put(blobs[key])
-
-    def _node_rows(
-        self,
-        tenant: str,
-        tree_id: str,
-        node: PathNode,
-        calls: _OpenCalls,
-        run: RunStart,
-        now: datetime,
-    ) -> tuple[dict[str, Any], dict[str, Any] | None, bytes]:
-        """The node's row, and for a tool message its artifact's row and raw bytes."""
-        message = dict(node.message)
-        role = str(message.get("role"))
-        artifact = None
-        artifact_id = None
-        raw = b""
-        if role == "tool":
-            artifact_id = artifact_id_for(node.id)
-            artifact, raw = self._artifact_row(tenant, tree_id, node, artifact_id, calls, run, now)
-            message.pop("content", None)  # the artifact holds it, byte-exact
-        row = {
-            "id": node.id,
-            "tenant": tenant,
-            "parent_id": node.parent_id,
-            "session_id": tree_id,  # the column of the tree
-            "depth": node.position,
-            "role": role,
-            "message_json": self.encryption.seal_text(fast_canonical_json(message), node_aad(node.id)),
-            "key_id": self.encryption.current_id,
-            "artifact_id": artifact_id,
-            "first_request_id": run.request_id,
-            "created_at": now,
-        }
-        return row, artifact, raw
-
-    def _artifact_row(
-        self,
-        tenant: str,
-        tree_id: str,
-        node: PathNode,
-        artifact_id: str,
-        calls: _OpenCalls,
-        run: RunStart,
-        now: datetime,
-    ) -> tuple[dict[str, Any], bytes]:
-        content = node.message.get("content")
-        original, redacted = None, None
-        if run.redact is not None:  # stored redacted: the artifact is what is stored, the original's hash kept
-            content, redacted = run.redact(content)
-            if redacted:
-                original = hashlib.sha256(tool_result_bytes(node.message.get("content"))[0]).hexdigest()
-        raw, content_type = tool_result_bytes(content)
-        text_content = raw.decode("utf-8", "replace")
-        call_id = str(node.message.get("tool_call_id") or "")
-        call_node_id, call, author = calls.get(call_id, (None, {}, None))
-        function = call.get("function") or {}
-        digest = hashlib.sha256(raw).hexdigest()
-        large = len(raw) > self.inline_max_bytes
-        row = {
-            "id": artifact_id,
-            "tenant": tenant,
-            "node_id": node.id,
-            "session_id": tree_id,  # the column of the tree
-            "tool_call_id": call_id,
-            "tool_call_pk": tool_call_pk(call_node_id, call_id) if call_node_id else None,
-            "tool_name": function.get("name"),
-            "arguments": self.encryption.seal_text(function.get("arguments"), artifact_arguments_aad(artifact_id)),
-            "status": message_status(dict(node.message), text_content),
-            "sha256": digest,
-            "size_bytes": len(raw),
-            "tokens": count_text(text_content),
-            "content_type": content_type,
-            "content": None if large else raw,
-            "key_id": self.encryption.current_id,
-            "blob_key": digest if large else None,  # blobs are named by their sha256
-            "owner_participant": author or run.participant,
-            "privacy_class": None,
-            "freshness_class": None,
-            "captured_by_request": run.request_id,
-            "observed_at": now,
-            "original_sha256": original,
-            "redacted_json": json.dumps(dict(redacted), sort_keys=True) if redacted else None,
-        }
-        if not large and self.encryption.enabled:  # a blob is sealed as it is written (_write_blobs)
-            row["content"] = self.encryption.seal(raw, artifact_aad(digest))
-        return row, raw
 
     def _call_rows(self, connection: Connection, tenant: str, asking: list[PathNode],
                    now: datetime) -> list[dict[str, Any]]:
@@ -367,7 +253,7 @@ class Capture(ConversationReads, RunOutcomes):
         with self.engine.begin() as connection:
             self._touch_conversation(connection, run.tenant, conversation, self._now())
             parent = self._parent_run(connection, run)
-            connection.execute(_INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
+            self._execute(connection, _INSERT_RUN, [self._run_row(run, run.request_id, conversation, (), parent)])
 
     def _hold_conversation(self, connection: Connection, tenant: str, conversation: str, now: datetime,
                            opening_node: str | None, ids: list[str]) -> tuple[int, int | None, bool, Any]:

@@ -140,10 +140,11 @@ class ConversationReads(PathReads):
         indexed), so the cost follows how many there are, not the conversation's or the tenant's runs.
         """
         if own_parent is None:
-            child_ids = list(connection.scalars(_SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant}))
+            rows = self._execute(connection, _SUBAGENT_RUNS, {"conversation": conversation, "tenant": tenant})
         else:  # a subagent's own results are not private from itself
-            child_ids = list(connection.scalars(_SUBAGENT_RUNS_BUT, {"conversation": conversation, "tenant": tenant,
-                                                                  "own_parent": own_parent}))
+            rows = self._execute(connection, _SUBAGENT_RUNS_BUT, {"conversation": conversation, "tenant": tenant,
+                                                                  "own_parent": own_parent})
+        child_ids = [row[0] for row in rows]
         if not child_ids:
             return {}
         return self._results_of_runs(connection, tenant, child_ids)

@@ -45,8 +45,8 @@ class Conversations(StoreBase):
                       "opening_node_id": func.coalesce(table.c.opening_node_id, values.excluded.opening_node_id)},
                 where=table.c.last_active_at <= values.excluded.last_active_at,
             )
-        connection.execute(statement, {"id": conversation, "tenant": tenant, "now": now, "opening": opening_node,
-                                       "incarnation": secrets.randbits(62)})  # a row made anew: a new life
+        self._execute(connection, statement, {"id": conversation, "tenant": tenant, "now": now, "opening": opening_node,
+                                              "incarnation": secrets.randbits(62)})  # a row made anew: a new life
 
     def _adopt_first_run(self, connection: Connection, tenant: str, run_id: str, conversation: str) -> None:
         """Move run `run_id`, alone in the conversation of its own id, into `conversation`."""

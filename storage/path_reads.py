@@ -274,8 +274,8 @@ class PathReads(StoreBase):
     def _node_states(self, connection: Connection, conversation: str,
                      ids: list[str]) -> tuple[set[str], set[str]]:
         """(the nodes of `ids` that exist, those of them this conversation already uses), looked up."""
-        return _states(connection.execute(statements(connection).known_nodes,
-                                          {"conversation": conversation, "ids": id_list(connection, ids)}))
+        return _states(self._execute(connection, statements(connection).known_nodes,
+                                     {"conversation": conversation, "ids": id_list(connection, ids)}))
 
     def _artifact_facts(
         self, connection: Connection, artifact_ids: list[str]
@@ -286,12 +286,11 @@ class PathReads(StoreBase):
         owners: dict[str, str] = {}
         rehydrated: set[str] = set()
         if connection.dialect.name == "sqlite":
-            # The rows fetched by the driver in one call: through SQLAlchemy's result, each of a
-            # 1,000-message path's ~500 rows cost more than SQLite took to find it, and its DateTime
-            # reads a regex per row. The same connection, so the same transaction.
-            cursor = connection.connection.driver_connection.execute(  # type: ignore[union-attr]
-                _SQLITE.artifact_facts.text, {"ids": id_list(connection, artifact_ids)})
-            for artifact_id, moment, owner, back in cursor.fetchall():
+            # Text, so the driver's own values (storage/driver_statements.py: no result processor): through
+            # SQLAlchemy's result, each of a 1,000-message path's ~500 rows cost more than SQLite took to
+            # find it, and its DateTime read a regex per row.
+            for artifact_id, moment, owner, back in self._execute(
+                    connection, _SQLITE.artifact_facts, {"ids": id_list(connection, artifact_ids)}):
                 observed[artifact_id] = _sqlite_moment(moment)
                 owners[artifact_id] = owner
                 if back:
@@ -309,8 +308,7 @@ class PathReads(StoreBase):
                 _ARTIFACTS.c.id == artifact_id, _ARTIFACTS.c.tenant == tenant, _ARTIFACTS.c.rehydrated_at.is_(None),
             ).values(rehydrated_at=datetime.fromtimestamp(self.clock(), timezone.utc)))
 
-    @staticmethod
-    def _previous_run(connection: Connection, leaves: list[str]) -> Any:
+    def _previous_run(self, connection: Connection, leaves: list[str]) -> Any:
         """(tokens_original, leaf, id, conversation) of the latest run that ended on one of `leaves`
         with its tokens recorded (a finished run), or None. Looked for among the last
         `PREVIOUS_RUN_WINDOW` leaves first, where an agent's previous request ended (an agent adds a
@@ -318,24 +316,22 @@ class PathReads(StoreBase):
         only when none ended there (a conversation's first request here, a resend of an old prefix)."""
         statement = statements(connection).previous_run
         recent = leaves[-PREVIOUS_RUN_WINDOW:]
-        found = connection.execute(statement, {"leaves": id_list(connection, recent)}).first()
-        if found is None and len(recent) < len(leaves):
-            found = connection.execute(statement, {"leaves": id_list(connection, leaves)}).first()
-        return found
+        found = self._execute(connection, statement, {"leaves": id_list(connection, recent)})
+        if not found and len(recent) < len(leaves):
+            found = self._execute(connection, statement, {"leaves": id_list(connection, leaves)})
+        return found[0] if found else None
 
-    @staticmethod
-    def _runs_ending_at(connection: Connection, tenant: str, leaves: Iterable[str]) -> Mapping[str, str]:
+    def _runs_ending_at(self, connection: Connection, tenant: str, leaves: Iterable[str]) -> Mapping[str, str]:
         """The latest run of `tenant` whose request ended at each of `leaves` (those that have one)."""
         wanted = list(dict.fromkeys(leaves))
         if not wanted:
             return {}
-        rows = connection.execute(statements(connection).runs_ending_at,
-                                  {"tenant": tenant, "leaves": id_list(connection, wanted)})
+        rows = self._execute(connection, statements(connection).runs_ending_at,
+                             {"tenant": tenant, "leaves": id_list(connection, wanted)})
         return {leaf: run for leaf, run in rows if run is not None}
 
-    @staticmethod
-    def _results_of_runs(connection: Connection, tenant: str, runs: list[str]) -> dict[str, str]:
+    def _results_of_runs(self, connection: Connection, tenant: str, runs: list[str]) -> dict[str, str]:
         """The tool results `runs` captured, by the sha256 of the content as sent: their tools' names."""
-        rows = connection.execute(statements(connection).results_of_runs,
-                                  {"tenant": tenant, "runs": id_list(connection, runs)})
+        rows = self._execute(connection, statements(connection).results_of_runs,
+                             {"tenant": tenant, "runs": id_list(connection, runs)})
         return {sha: name or "" for sha, name in rows}

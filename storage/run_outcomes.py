@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, insert, update
+from sqlalchemy import Connection, bindparam, func, insert, or_, update
 
 from policies.canonical import fast_canonical_json
 from policies.transcript import opening_conversation_id
@@ -21,7 +21,7 @@ _RUNS = ModelRun.__table__
 _KEPT_UNLESS_GIVEN = ("deployment", "upstream_model", "attempts_json")
 _FINISH_RUN = (
     update(_RUNS)
-    .where(_RUNS.c.id == bindparam("request_id"), _RUNS.c.status.in_(("pending", "interrupted")))
+    .where(_RUNS.c.id == bindparam("request_id"), or_(_RUNS.c.status == "pending", _RUNS.c.status == "interrupted"))
     .values({
         **{name: bindparam(name) for name in (
             "status", "latency_ms", "http_status", "error_type", "error_message", "prompt_tokens",
@@ -73,10 +73,10 @@ class RunOutcomes(Conversations):
         assembly_row = assembly_to_row(request_id, "", assembly) if assembly is not None else None
 
         def write(connection: Connection) -> bool:
-            finished = connection.execute(_FINISH_RUN, values).first()
-            if finished is None:
+            finished = self._execute(connection, _FINISH_RUN, values)
+            if not finished:
                 return False
-            tenant, conversation, leaf = finished
+            tenant, conversation, leaf = finished[0]
             if outcome.answer is not None and conversation == request_id and leaf != request_id:
                 conversation = opening_conversation_id(tenant, leaf, outcome.answer)
                 self._adopt_first_run(connection, tenant, request_id, conversation)
@@ -84,7 +84,7 @@ class RunOutcomes(Conversations):
                 with self._batched(connection):  # PostgreSQL: one round trip for both
                     self._insert_ignoring_conflicts(connection, ForwardedMessage, [
                         {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
-                    connection.execute(_INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
+                    self._execute(connection, _INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
             return True
 
         return self._in_transaction(write)

@@ -10,9 +10,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore
+from storage.driver_statements import DriverStatements
 from storage.encryption import NO_ENCRYPTION, EncryptionKeys
 from storage.group_commit import GroupCommit
 from storage.schema import Base
@@ -43,6 +43,8 @@ class StoreBase:
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._ignoring_conflicts: dict[Any, Any] = {}  # built once per table (and RETURNING column)
         self._compiled_reads: dict[Any, Any] = {}  # the statements of `Batch.read`, compiled once
+        # SQLite: the request path's statements go to the driver itself (storage/driver_statements.py)
+        self._driver = DriverStatements(engine.dialect) if engine.dialect.name == "sqlite" else None
         # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
         # SQLite's busy handler (1 ms, then 2, 5, ... up to 100 ms a try). The threads of one
         # process take turns here instead, handing over the moment a write commits; other
@@ -51,6 +53,16 @@ class StoreBase:
         # SQLite: the captures and outcomes queued together commit together (storage/group_commit.py).
         self._group = GroupCommit(engine, self._writing, lock_file=_writer_lock_file(engine)) \
             if engine.dialect.name == "sqlite" else None
+
+    def _execute(self, connection: Connection, statement: Any,
+                 parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> list[Any]:
+        """The rows `statement` returns ([] when it returns none) run on `connection` with `parameters`:
+        one set, or rows to insert. On SQLite on the driver's cursor (storage/driver_statements.py), as
+        tuples; elsewhere through SQLAlchemy's execute, as its rows (which are tuples too)."""
+        if self._driver is not None:
+            return self._driver.run(connection, statement, parameters)
+        result = connection.execute(statement, parameters)
+        return list(result) if result.returns_rows else []
 
     def _in_transaction(self, work: Callable[[Connection], T]) -> T:
         """`work(connection)` in a committed transaction: on SQLite shared with the writes queued beside
@@ -71,11 +83,11 @@ class StoreBase:
         statements go one by one."""
         pipeline = getattr(connection.connection.driver_connection, "pipeline", None) if self.is_postgresql else None
         if pipeline is None:  # SQLite, or a PostgreSQL driver other than psycopg 3
-            yield Batch(connection, None, self._compiled_reads)
+            yield Batch(connection, None, self._compiled_reads, self._execute)
             return
         import psycopg  # the driver's own module, loaded with it: a SQLite gateway never imports it (about 8 MB)
 
-        batch = Batch(connection, connection.connection.driver_connection, self._compiled_reads)
+        batch = Batch(connection, connection.connection.driver_connection, self._compiled_reads, self._execute)
         try:
             try:
                 with pipeline():
@@ -102,7 +114,7 @@ class StoreBase:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), timezone.utc)
 
-    def _insert_ignoring_conflicts(self, session: Session | Connection, model: type[Base],
+    def _insert_ignoring_conflicts(self, connection: Connection, model: type[Base],
                                    rows: list[dict[str, Any]], returning: str | None = None) -> list[Any]:
         """Insert the rows that are not there yet; with `returning` (a column's name), that column of
         each row it made (in no particular order), else []."""
@@ -114,8 +126,10 @@ class StoreBase:
             if returning is not None:
                 statement = statement.returning(model.__table__.c[returning])
             self._ignoring_conflicts[(model, returning)] = statement
-        result = session.execute(statement, rows)
-        return list(result.scalars()) if returning is not None else []
+        if returning is None:
+            self._execute(connection, statement, rows)
+            return []
+        return [row[0] for row in self._execute(connection, statement, rows)]
 
 
 class Queued:
@@ -129,16 +143,18 @@ class Batch:
     results. On PostgreSQL through the driver's own cursors, as SQLAlchemy reads no rows in a pipeline
     (each statement compiled once); elsewhere (`driver` None) executed at once."""
 
-    def __init__(self, connection: Connection, driver: Any, compiled: dict[Any, Any]) -> None:
+    def __init__(self, connection: Connection, driver: Any, compiled: dict[Any, Any],
+                 execute: Callable[[Connection, Any, Mapping[str, Any]], list[Any]]) -> None:
         self._connection = connection
         self._driver = driver
         self._compiled = compiled
+        self._execute = execute
         self._pending: list[tuple[Queued, Any]] = []
 
     def read(self, statement: Any, parameters: Mapping[str, Any]) -> Queued:
         queued = Queued()
         if self._driver is None:
-            queued.rows = list(self._connection.execute(statement, dict(parameters)))
+            queued.rows = self._execute(self._connection, statement, parameters)
             return queued
         compiled = self._compiled.get(statement)
         if compiled is None:

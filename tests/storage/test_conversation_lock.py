@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 from sqlalchemy import select, text
 
-from policies.transcript import message_path
-from storage.capture import ACTIVE_WINDOW, conversation_id_for
+from policies.transcript import conversation_id_for, message_path
+from storage.capture import ACTIVE_WINDOW
 from storage.record_types import RunStart, as_utc
 from storage.records import RecordStore
 from storage.schema import Conversation

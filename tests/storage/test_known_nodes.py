@@ -7,11 +7,10 @@ from pathlib import Path
 
 from sqlalchemy import Connection, select
 
-from policies.transcript import message_path
-from storage.capture import conversation_id_for
+from policies.transcript import conversation_id_for, message_path
 from storage.record_types import RunOutcome, RunStart, as_utc
-from storage.schema import ConversationNode, MessageNode, ModelRun, ToolArtifact
 from storage.records import RecordStore
+from storage.schema import ConversationNode, MessageNode, ModelRun, ToolArtifact
 from testkit.gateway import make_store
 
 

@@ -62,7 +62,7 @@ def test_every_path_read_takes_more_ids_than_the_bind_limit(store: RecordStore) 
         facts = store._artifact_facts(connection, _padded(artifacts))
         assert facts == store._artifact_facts(connection, artifacts) and len(facts[1]) == 40
         previous = store._previous_run(connection, _padded(ids))
-        assert previous == store._previous_run(connection, ids) and previous.id == f"req_{35:032x}"
+        assert previous == store._previous_run(connection, ids) and previous[2] == f"req_{35:032x}"
         ending = store._runs_ending_at(connection, "acme", _padded(ids))
         assert ending == store._runs_ending_at(connection, "acme", ids) and len(ending) == 40
         results = store._results_of_runs(connection, "acme", _padded([f"req_{1000:032x}"]))
@@ -110,14 +110,14 @@ def test_the_previous_run_is_looked_for_near_the_end_first_and_found_anywhere(st
     assert len(ids) > PREVIOUS_RUN_WINDOW
     with store.engine.connect() as connection:
         far = store._previous_run(connection, ids)  # only the whole path has it
-        assert far is not None and far.id == f"req_{0:032x}" and far.leaf_node_id == ids[1]
+        assert far is not None and far[2] == f"req_{0:032x}" and far[1] == ids[1]
     store.ingest(message_path("acme", messages), _run(1))
     store.finish_run(f"req_{1:032x}", RunOutcome(status="ok", latency_ms=1.0, tokens_original=9))
     messages += _round(PREVIOUS_RUN_WINDOW)
     ids = [node.id for node in message_path("acme", messages)]
     with store.engine.connect() as connection:
         near = store._previous_run(connection, ids)
-        assert near is not None and near.id == f"req_{1:032x}" and near.leaf_node_id == ids[-3]
+        assert near is not None and near[2] == f"req_{1:032x}" and near[1] == ids[-3]
 
 
 class _Clock:
@@ -290,7 +290,7 @@ def test_a_leaf_many_runs_ended_at_costs_one_probe(store: RecordStore) -> None:
     leaves = [node.id for node in message_path("acme", head)]
     with store.engine.connect() as connection:
         previous = store._previous_run(connection, leaves)
-        assert previous is not None and previous.id == f"req_{35:032x}" and previous.tokens_original == 35
+        assert previous is not None and previous[2] == f"req_{35:032x}" and previous[0] == 35
         assert store._runs_ending_at(connection, "acme", [leaves[-1], leaves[0]]) == {leaves[-1]: f"req_{39:032x}"}
         assert store._runs_ending_at(connection, "other", leaves) == {}
         if connection.dialect.name == "sqlite":
