@@ -8,7 +8,9 @@ projection, assembly record), the base of the assembly record (`RecentAssemblies
 `finish_run` and `RecentAssemblies.remember`, as the run recorder does after the answer. Prints the
 median milliseconds per request of the capture's write (`_write_capture`), its read
 (`_read_after_capture`; on PostgreSQL it runs inside the write's transaction, so the write's figure
-holds it too and the sum counts it twice) and `finish_run`, per transcript; with --encrypt also how many values a
+holds it too and the sum counts it twice) and `finish_run`, per transcript; on SQLite also how long each
+of the two transactions held the write lock (storage/group_commit.py: one writer, so what is done under
+it bounds throughput); with --encrypt also how many values a
 request sealed and the CPU those seals took (inside the figures above), which the machine's noise
 between two runs hides. A fresh SQLite file in a temporary folder,
 or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME`). --encrypt sets a random
@@ -107,6 +109,9 @@ def replay(store: RecordStore, transcript: Transcript, requests: int, policy_nam
     sealed: list[tuple[float, float]] = []  # per request: (values sealed, CPU ms sealing)
     store._write_capture = timed(times["write"], store._write_capture)  # type: ignore[method-assign]
     store._read_after_capture = timed(times["read"], store._read_after_capture)  # type: ignore[method-assign]
+    held: list[tuple[float, float]] = []  # SQLite: each transaction under the write lock, in order
+    if store._group is not None:
+        store._group._commit_held = timed(held, store._group._commit_held)  # type: ignore[method-assign]
     services = SimpleNamespace(node_ids=NodeIds(), tracing=OFF, clock=time.time)
     recent = RecentAssemblies()
     policy = preset(policy_name)
@@ -129,6 +134,8 @@ def replay(store: RecordStore, transcript: Transcript, requests: int, policy_nam
             sealed.append((sealing.values - before[0], (sealing.cpu - before[1]) * 1000))
     if sealing:
         times["sealed"] = sealed
+    if held:  # one request, one after another: its capture's transaction, then its outcome's
+        times["held"] = [(capture[0], outcome[0]) for capture, outcome in zip(held[0::2], held[1::2])]
     return times
 
 
@@ -160,6 +167,7 @@ def main() -> None:
                            Sealing(keys) if args.encrypt else None)
             store.engine.dispose()
         sealed = times.pop("sealed", [])[args.warmup:]
+        held = times.pop("held", [])[args.warmup:]
         kept = {name: values[args.warmup:] for name, values in times.items()}
         cells = [(statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for v in kept.values()]
         cells.append((statistics.median(sum(t[i][0] for t in kept.values()) for i in range(args.requests)),
@@ -168,6 +176,9 @@ def main() -> None:
                  f" {statistics.median(c for _, c in sealed):.3f} ({statistics.mean(c for _, c in sealed):.3f})"
                  if sealed else "")
         print(f"{transcript.name:>15} " + " ".join(f"{f'{w:.2f} ({c:.2f})':>15}" for w, c in cells) + seals)
+        if held:
+            print(f"{'':>15} the write lock held (wall): {statistics.median(c for c, _ in held):.2f} ms by the"
+                  f" capture, {statistics.median(o for _, o in held):.2f} ms by the outcome (medians)")
 
 
 if __name__ == "__main__":
