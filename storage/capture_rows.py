@@ -3,8 +3,7 @@
 Which of a path's nodes are new is known only in the capture's transaction, under the conversation's
 row lock (on SQLite, the write lock: one writer, so what is done under it bounds throughput). The
 rows of the nodes likely new are built before it (`CaptureRows._prepare`): their canonical JSON,
-seals, digests and token counts. Measured in process (bench/capture_path.py's replay, synthetic-100,
-the hold of the write lock timed): a capture held it 1.04 ms with every row built under it, 0.87 ms so.
+seals, digests and token counts (bench/capture_path.py prints how long a capture holds the lock).
 """
 from __future__ import annotations
 

@@ -1,31 +1,33 @@
-"""SQLite: the request path's statements run on the driver's own cursor, each compiled once.
+"""The request path's statements run on the driver's own cursor, each compiled once.
 
 SQLAlchemy's execute of a statement it has compiled before still builds an execution context, its
-parameters and a result for every call. Measured in process (bench/capture_path.py's replay with
-`Connection.execute` timed, synthetic-100): of a capture's 1.74 ms under SQLite's write lock, 0.64
-went to its seven executes, 0.19 of it SQLite's own; a run's outcome spent 0.36 ms in executes, 0.09
-SQLite's. Under the write lock (one writer: what is done under it bounds throughput) that is the
-largest part of a request's hold after the commit itself.
+parameters and a result for every call, several times what SQLite takes to run a small statement.
+Under SQLite's write lock (one writer: what is done under it bounds throughput) that was the largest
+part of a capture's hold after the commit. Measured with bench/capture_path.py (synthetic-100), three
+runs alternating with the code before this and storage/capture_rows.py together: a capture held the
+write lock 0.70, 0.98, 0.87 ms against 1.21, 1.74, 1.76; a run's outcome 0.35, 0.54, 0.46 against
+0.47, 0.82, 0.84. On PostgreSQL SQLAlchemy's execute was 6.6% of the gateway's samples holding the GIL
+(bench/profile_path.py --postgres, synthetic-100).
 
 A statement here is compiled by the engine's own dialect, as SQLAlchemy would compile it for the
 same keys (an INSERT of rows: their keys), and sent with its parameters processed by the same bind
-processors (a DateTime's text); the typed columns it returns go through the same result processors.
-It runs on the connection's driver, in the transaction SQLAlchemy began on it. A driver error is
-raised as SQLAlchemy's exception for it (IntegrityError, OperationalError, ...), without the
-parameters, as the engine raises it (`hide_parameters`). PostgreSQL keeps SQLAlchemy's execute (its
-cost there is the round trip; storage/store_base.py `_batched` sends several in one).
+processors (a DateTime's text on SQLite); the typed columns it returns go through the same result
+processors. It runs on the connection's driver, in the transaction SQLAlchemy began on it (on
+PostgreSQL inside a pipeline too: storage/store_base.py `_batched`). A driver error goes through
+SQLAlchemy's own handling: its exception for it (IntegrityError, OperationalError, ...), without the
+parameters (the engine's `hide_parameters`), and a connection found lost invalidated with the pool's
+others, as SQLAlchemy's execute does.
 """
 from __future__ import annotations
 
-import sqlite3
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
 
 
 class _Slot(NamedTuple):
+    name: str  # the parameter's name in the statement
     key: str  # the parameter's name as the caller gives it
     fixed: Any  # the value the statement holds itself (a literal, a constant default); _ASKED: the caller's
     process: Callable[[Any], Any] | None  # the bind processor (a DateTime's text), if any
@@ -36,18 +38,20 @@ _ASKED = object()
 
 class DriverStatement(NamedTuple):
     sql: str
-    slots: tuple[_Slot, ...]  # one per `?`, in order
+    slots: tuple[_Slot, ...]  # qmark: one per `?`, in order; else one per name
+    positional: bool  # the driver takes a tuple (qmark), else a mapping by name (pyformat)
     returns_rows: bool
     results: tuple[Callable[[Any], Any] | None, ...] | None  # result processors; None: rows as they come
 
-    def values(self, parameters: Mapping[str, Any]) -> tuple[Any, ...]:
+    def values(self, parameters: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         try:
-            return tuple(
+            values = [
                 (parameters[slot.key] if slot.fixed is _ASKED else slot.fixed) if slot.process is None
                 else slot.process(parameters[slot.key] if slot.fixed is _ASKED else slot.fixed)
-                for slot in self.slots)
+                for slot in self.slots]
         except KeyError as exc:
             raise ValueError(f"no value for the parameter {exc.args[0]!r} of: {self.sql}") from None
+        return tuple(values) if self.positional else {slot.name: value for slot, value in zip(self.slots, values)}
 
     def rows(self, fetched: list[Any]) -> list[Any]:
         if self.results is None:
@@ -60,8 +64,9 @@ class DriverStatement(NamedTuple):
 def compile_for_driver(statement: Any, dialect: Dialect, keys: Sequence[str] | None = None) -> DriverStatement:
     """`statement` as the driver runs it: `keys`, the columns an INSERT of rows is given."""
     compiled = statement.compile(dialect=dialect, column_keys=list(keys) if keys is not None else None)
-    if dialect.paramstyle != "qmark" or compiled.positiontup is None:
-        raise ValueError(f"the driver path takes qmark statements, not {dialect.paramstyle}")
+    positional = dialect.paramstyle == "qmark"
+    if dialect.paramstyle not in ("qmark", "pyformat") or (positional and compiled.positiontup is None):
+        raise ValueError(f"the driver path takes qmark or pyformat statements, not {dialect.paramstyle}")
     if compiled.post_compile_params:  # rendered per execution by SQLAlchemy: not a fixed string
         raise ValueError("the driver path takes no expanding parameters (IN lists): use json_each")
     defaults = {}
@@ -72,7 +77,7 @@ def compile_for_driver(statement: Any, dialect: Dialect, keys: Sequence[str] | N
         defaults[column.key] = default.arg
     processors = compiled._bind_processors
     slots = []
-    for name in compiled.positiontup:
+    for name in compiled.positiontup if positional else compiled.bind_names.values():
         bind = compiled.binds[name]
         if bind.key in defaults:
             fixed = defaults[bind.key]
@@ -82,14 +87,14 @@ def compile_for_driver(statement: Any, dialect: Dialect, keys: Sequence[str] | N
             fixed = _ASKED
         else:
             fixed = bind.effective_value
-        slots.append(_Slot(bind.key, fixed, processors.get(name)))
+        slots.append(_Slot(name, bind.key, fixed, processors.get(name)))
     results = None
     if compiled._result_columns:
         found = tuple(column[3]._cached_result_processor(dialect, None) for column in compiled._result_columns)
         results = found if any(process is not None for process in found) else None
     returns_rows = bool(compiled._result_columns) or bool(getattr(statement, "_returning", ())) or bool(
         getattr(compiled, "returning", None)) or _is_text_select(statement)
-    return DriverStatement(compiled.string, tuple(slots), returns_rows, results)
+    return DriverStatement(compiled.string, tuple(slots), positional, returns_rows, results)
 
 
 def _is_text_select(statement: Any) -> bool:
@@ -121,18 +126,23 @@ class DriverStatements:
             return []
         first = parameters[0] if many else (parameters or {})  # type: ignore[index]
         compiled = self.compiled(statement, tuple(first) if many else None)
-        driver = connection.connection.driver_connection
+        cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
             if not many:
-                cursor = driver.execute(compiled.sql, compiled.values(first))  # type: ignore[union-attr]
+                cursor.execute(compiled.sql, compiled.values(first))
                 return compiled.rows(cursor.fetchall()) if compiled.returns_rows else []
             if not compiled.returns_rows:
-                driver.executemany(compiled.sql, [compiled.values(row) for row in parameters])  # type: ignore[union-attr]
+                cursor.executemany(compiled.sql, [compiled.values(row) for row in parameters])  # type: ignore[union-attr]
                 return []
             fetched = []
             for row in parameters:  # type: ignore[union-attr]
-                fetched += driver.execute(compiled.sql, compiled.values(row)).fetchall()  # type: ignore[union-attr]
+                cursor.execute(compiled.sql, compiled.values(row))
+                fetched += cursor.fetchall()
             return compiled.rows(fetched)
-        except sqlite3.Error as exc:
-            raise DBAPIError.instance(compiled.sql, None, exc, sqlite3.Error, hide_parameters=True,
-                                      dialect=self.dialect) from exc
+        except self.dialect.loaded_dbapi.Error as exc:
+            # SQLAlchemy's own handling: its exception for the driver's, without the parameters (the
+            # engine's `hide_parameters`); a connection found lost is invalidated, with the pool's others
+            connection._handle_dbapi_exception(exc, compiled.sql, None, cursor, None)
+            raise  # not reached: the handling raises
+        finally:
+            cursor.close()

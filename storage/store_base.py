@@ -43,8 +43,8 @@ class StoreBase:
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._ignoring_conflicts: dict[Any, Any] = {}  # built once per table (and RETURNING column)
         self._compiled_reads: dict[Any, Any] = {}  # the statements of `Batch.read`, compiled once
-        # SQLite: the request path's statements go to the driver itself (storage/driver_statements.py)
-        self._driver = DriverStatements(engine.dialect) if engine.dialect.name == "sqlite" else None
+        # the request path's statements go to the driver itself (storage/driver_statements.py)
+        self._driver = DriverStatements(engine.dialect)
         # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
         # SQLite's busy handler (1 ms, then 2, 5, ... up to 100 ms a try). The threads of one
         # process take turns here instead, handing over the moment a write commits; other
@@ -57,12 +57,8 @@ class StoreBase:
     def _execute(self, connection: Connection, statement: Any,
                  parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> list[Any]:
         """The rows `statement` returns ([] when it returns none) run on `connection` with `parameters`:
-        one set, or rows to insert. On SQLite on the driver's cursor (storage/driver_statements.py), as
-        tuples; elsewhere through SQLAlchemy's execute, as its rows (which are tuples too)."""
-        if self._driver is not None:
-            return self._driver.run(connection, statement, parameters)
-        result = connection.execute(statement, parameters)
-        return list(result) if result.returns_rows else []
+        one set, or rows to insert; on the driver's cursor (storage/driver_statements.py), as tuples."""
+        return self._driver.run(connection, statement, parameters)
 
     def _in_transaction(self, work: Callable[[Connection], T]) -> T:
         """`work(connection)` in a committed transaction: on SQLite shared with the writes queued beside

@@ -151,7 +151,8 @@ def test_a_postgresql_capture_reads_in_its_two_trips(postgres_url: str, tmp_path
     """A capture on PostgreSQL sends its lock on the conversation (shared, or the touch that takes it
     exclusively) with its first look at the path's nodes, and the reads after its writes (the
     conversation's state, the new artifacts' facts) with the writes: none of those goes to the server
-    through SQLAlchemy on its own, whether the conversation is new, active or idle."""
+    on its own (through SQLAlchemy, or the store's statements on the driver), whether the conversation
+    is new, active or idle."""
     from sqlalchemy import event
 
     from storage.capture import ACTIVE_WINDOW
@@ -161,6 +162,15 @@ def test_a_postgresql_capture_reads_in_its_two_trips(postgres_url: str, tmp_path
     store.clock = lambda: moment[0]
     sent: list[str] = []
     event.listen(store.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
+    run = store._driver.run
+
+    def seen(connection, statement, parameters=None):  # storage/driver_statements.py: past SQLAlchemy's events
+        many = isinstance(parameters, list)
+        if parameters or not many:
+            sent.append(store._driver.compiled(statement, tuple(parameters[0]) if many else None).sql)
+        return run(connection, statement, parameters)
+
+    store._driver.run = seen
     messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
     try:
         for n in range(4):  # new (taken exclusively), active twice (shared), idle (taken exclusively)
