@@ -34,6 +34,9 @@ class _Slot(NamedTuple):
 
 
 _ASKED = object()
+# The most compiled statements held: a caller that built a statement anew for every call would otherwise
+# grow the cache without end (each is still run, compiled every time).
+COMPILED_HELD = 512
 
 
 class DriverStatement(NamedTuple):
@@ -114,7 +117,9 @@ class DriverStatements:
         cache_key = (statement, tuple(keys)) if keys is not None else statement
         found = self._compiled.get(cache_key)
         if found is None:
-            found = self._compiled[cache_key] = compile_for_driver(statement, self.dialect, keys)
+            found = compile_for_driver(statement, self.dialect, keys)
+            if len(self._compiled) < COMPILED_HELD:  # statements built once each: a few dozen in all
+                self._compiled[cache_key] = found
         return found
 
     def run(self, connection: Connection, statement: Any,

@@ -11,7 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from storage.database import make_engine
-from storage.driver_statements import DriverStatements
+from storage.driver_statements import COMPILED_HELD, DriverStatements
 from storage.record_types import as_utc
 from storage.run_outcomes import _FINISH_RUN
 from storage.schema import Base, ModelRun
@@ -140,3 +140,12 @@ def test_a_connection_lost_under_the_driver_is_invalidated_with_the_pool(postgre
             assert driver.run(connection, statement, {"id": "x"}) == [] and connection.scalar(backend) not in lost
     finally:
         engine.dispose()
+
+
+def test_statements_built_anew_each_call_run_without_growing_the_cache(engine) -> None:
+    driver = DriverStatements(engine.dialect)
+    with engine.begin() as connection:
+        for n in range(COMPILED_HELD + 20):  # a caller that builds its statement every time
+            assert driver.run(connection, select(_RUNS.c.id).where(_RUNS.c.id == bindparam(f"id_{n}")),
+                              {f"id_{n}": "none"}) == []
+    assert len(driver._compiled) == COMPILED_HELD
