@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, TextClause
 from sqlalchemy.engine import Dialect
 
 
@@ -43,7 +43,7 @@ class DriverStatement(NamedTuple):
     sql: str
     slots: tuple[_Slot, ...]  # qmark: one per `?`, in order; else one per name
     positional: bool  # the driver takes a tuple (qmark), else a mapping by name (pyformat)
-    returns_rows: bool
+    returns_rows: bool | None  # None: a text, whose rows (if any) the driver's cursor tells
     results: tuple[Callable[[Any], Any] | None, ...] | None  # result processors; None: rows as they come
 
     def values(self, parameters: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
@@ -95,15 +95,9 @@ def compile_for_driver(statement: Any, dialect: Dialect, keys: Sequence[str] | N
     if compiled._result_columns:
         found = tuple(column[3]._cached_result_processor(dialect, None) for column in compiled._result_columns)
         results = found if any(process is not None for process in found) else None
-    returns_rows = bool(compiled._result_columns) or bool(getattr(statement, "_returning", ())) or bool(
-        getattr(compiled, "returning", None)) or _is_text_select(statement)
+    returns_rows = None if isinstance(statement, TextClause) else bool(compiled._result_columns) or bool(
+        getattr(compiled, "returning", None))
     return DriverStatement(compiled.string, tuple(slots), positional, returns_rows, results)
-
-
-def _is_text_select(statement: Any) -> bool:
-    """A textual statement (`text(...)`) that reads: its rows are the caller's."""
-    sql = getattr(statement, "text", None)
-    return isinstance(sql, str) and sql.lstrip().upper().startswith(("SELECT", "WITH"))
 
 
 class DriverStatements:
@@ -135,8 +129,11 @@ class DriverStatements:
         try:
             if not many:
                 cursor.execute(compiled.sql, compiled.values(first))
-                return compiled.rows(cursor.fetchall()) if compiled.returns_rows else []
-            if not compiled.returns_rows:
+                returns_rows = compiled.returns_rows
+                if returns_rows is None:  # a text: a SELECT, or a WITH ... UPDATE without RETURNING, ...
+                    returns_rows = cursor.description is not None
+                return compiled.rows(cursor.fetchall()) if returns_rows else []
+            if not compiled.returns_rows:  # a text's rows are not read from an executemany
                 cursor.executemany(compiled.sql, [compiled.values(row) for row in parameters])  # type: ignore[union-attr]
                 return []
             fetched = []

@@ -149,3 +149,18 @@ def test_statements_built_anew_each_call_run_without_growing_the_cache(engine) -
             assert driver.run(connection, select(_RUNS.c.id).where(_RUNS.c.id == bindparam(f"id_{n}")),
                               {f"id_{n}": "none"}) == []
     assert len(driver._compiled) == COMPILED_HELD
+
+
+def test_a_text_returns_the_rows_its_driver_says_it_has(engine) -> None:
+    """A textual statement is read when the driver has rows for it: a SELECT, a CTE that selects, and
+    not a CTE that only writes (fetching rows it has none of would fail)."""
+    driver = DriverStatements(engine.dialect)
+    with engine.begin() as connection:
+        driver.run(connection, insert(_RUNS), [_run("r1")])
+        assert driver.run(connection, text("SELECT id FROM model_runs WHERE id = :id"), {"id": "r1"}) == [("r1",)]
+        assert driver.run(connection, text("WITH found AS (SELECT id FROM model_runs WHERE id = :id)"
+                                           " SELECT count(*) FROM found"), {"id": "r1"}) == [(1,)]
+        assert driver.run(connection, text("WITH found AS (SELECT id FROM model_runs WHERE id = :id)"
+                                           " UPDATE model_runs SET status = 'ok' WHERE id IN (SELECT id FROM found)"),
+                          {"id": "r1"}) == []
+        assert driver.run(connection, text("SELECT status FROM model_runs WHERE id = :id"), {"id": "r1"}) == [("ok",)]
