@@ -33,7 +33,7 @@ from storage.store_base import StoreBase
 _OpenCalls = Mapping[str, tuple[str, Mapping[str, Any], "str | None"]]
 # a node's row, and for a tool message its artifact's row and raw bytes (`CaptureRows._node_rows`)
 _NodeRows = tuple[dict[str, Any], "dict[str, Any] | None", bytes]
-CAPTURED_LEAVES = 4096  # the leaves `CaptureRows._captured_leaves` holds: about 0.5 MB
+CAPTURED_LEAVES = 4096  # the leaves `CaptureRows._captured_leaves` holds: about 1 MB with their ids (tracemalloc)
 # The most nodes `CaptureRows._prepare` builds rows for: a path new to this process (a restart, a conversation
 # another replica captured) may be stored already, and rows built for stored nodes are work thrown away.
 PREPARED_MOST = 64
