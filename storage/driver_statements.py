@@ -71,7 +71,8 @@ def compile_for_driver(statement: Any, dialect: Dialect, keys: Sequence[str] | N
     if dialect.paramstyle not in ("qmark", "pyformat") or (positional and compiled.positiontup is None):
         raise ValueError(f"the driver path takes qmark or pyformat statements, not {dialect.paramstyle}")
     if compiled.post_compile_params:  # rendered per execution by SQLAlchemy: not a fixed string
-        raise ValueError("the driver path takes no expanding parameters (IN lists): use json_each")
+        raise ValueError("the driver path takes no expanding parameters (IN lists): use json_each on SQLite,"
+                         " an array and = ANY on PostgreSQL")
     defaults = {}
     for column in (*compiled.insert_prefetch, *compiled.update_prefetch):
         default = column.default if column in compiled.insert_prefetch else column.onupdate

@@ -42,7 +42,6 @@ class StoreBase:
         self.instance_id = instance_id  # set by register_instance when a gateway serves
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._ignoring_conflicts: dict[Any, Any] = {}  # built once per table (and RETURNING column)
-        self._compiled_reads: dict[Any, Any] = {}  # the statements of `Batch.read`, compiled once
         # the request path's statements go to the driver itself (storage/driver_statements.py)
         self._driver = DriverStatements(engine.dialect)
         # SQLite has one writer at a time, and a connection that finds the file locked sleeps in
@@ -79,11 +78,11 @@ class StoreBase:
         statements go one by one."""
         pipeline = getattr(connection.connection.driver_connection, "pipeline", None) if self.is_postgresql else None
         if pipeline is None:  # SQLite, or a PostgreSQL driver other than psycopg 3
-            yield Batch(connection, None, self._compiled_reads, self._execute)
+            yield Batch(connection, None, self._driver)
             return
         import psycopg  # the driver's own module, loaded with it: a SQLite gateway never imports it (about 8 MB)
 
-        batch = Batch(connection, connection.connection.driver_connection, self._compiled_reads, self._execute)
+        batch = Batch(connection, connection.connection.driver_connection, self._driver)
         try:
             try:
                 with pipeline():
@@ -136,35 +135,24 @@ class Queued:
 
 class Batch:
     """What `StoreBase._batched` yields: reads queued in it (`read`) come back with the batch's other
-    results. On PostgreSQL through the driver's own cursors, as SQLAlchemy reads no rows in a pipeline
-    (each statement compiled once); elsewhere (`driver` None) executed at once."""
+    results. On PostgreSQL on cursors of their own, fetched at the batch's end (`statements` compiles
+    them once); elsewhere (`driver` None) run at once."""
 
-    def __init__(self, connection: Connection, driver: Any, compiled: dict[Any, Any],
-                 execute: Callable[[Connection, Any, Mapping[str, Any]], list[Any]]) -> None:
+    def __init__(self, connection: Connection, driver: Any, statements: DriverStatements) -> None:
         self._connection = connection
         self._driver = driver
-        self._compiled = compiled
-        self._execute = execute
+        self._statements = statements
         self._pending: list[tuple[Queued, Any]] = []
 
     def read(self, statement: Any, parameters: Mapping[str, Any]) -> Queued:
         queued = Queued()
         if self._driver is None:
-            queued.rows = self._execute(self._connection, statement, parameters)
+            queued.rows = self._statements.run(self._connection, statement, parameters)
             return queued
-        compiled = self._compiled.get(statement)
-        if compiled is None:
-            compiled = statement.compile(dialect=self._connection.dialect)
-            if compiled.post_compile_params:  # rendered per execution by SQLAlchemy: not a fixed string
-                raise ValueError("a batched read takes no expanding parameters (IN lists): use an array and = ANY")
-            self._compiled[statement] = compiled
-        values = compiled.construct_params(dict(parameters))
-        for name, process in compiled._bind_processors.items():  # as SQLAlchemy's execute applies them
-            if name in values:
-                values[name] = process(values[name])
+        compiled = self._statements.compiled(statement)
         cursor = self._driver.cursor()
         self._pending.append((queued, cursor))
-        cursor.execute(compiled.string, values)
+        cursor.execute(compiled.sql, compiled.values(parameters))
         return queued
 
     def fetch(self) -> None:
