@@ -17,6 +17,7 @@ or --url for PostgreSQL (give it an empty schema: `?options=-csearch_path%3DNAME
 `storage.encryption_key`, so every conversation column a request writes is sealed (storage/encryption.py).
 
 .venv/bin/python bench/capture_path.py [--messages 100 1000] [--requests 200] [--policy coding-agent] [--encrypt]
+    [--url URL [--link-delay-ms MS]]
 """
 from __future__ import annotations
 
@@ -148,9 +149,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--url")
     parser.add_argument("--encrypt", action="store_true", help="seal what is stored under a random key")
+    parser.add_argument("--link-delay-ms", dest="link_delay_ms", type=float, default=0,
+                        help="with --url: reach the server through a relay that holds every chunk this long each"
+                             " way (bench/delayed_link.py), as a database on another host")
     args = parser.parse_args()
+    if args.link_delay_ms > 0:
+        if not args.url:
+            raise SystemExit("--link-delay-ms needs --url")
+        from sqlalchemy.engine import make_url
+
+        from delayed_link import DelayedLink
+        url = make_url(args.url)
+        link = DelayedLink(url.host or "127.0.0.1", url.port or 5432, args.link_delay_ms).__enter__()
+        args.url = url.set(host="127.0.0.1", port=link.port).render_as_string(hide_password=False)
     print(f"command: {' '.join(sys.argv)}")
-    print(f"backend: {'postgresql' if args.url else 'sqlite'}; policy {args.policy}; "
+    print(f"backend: {'postgresql' if args.url else 'sqlite'}"
+          f"{f' through a link holding each chunk {args.link_delay_ms:g} ms' if args.link_delay_ms else ''}; "
+          f"policy {args.policy}; "
           f"{args.requests} requests per transcript, the first {args.warmup} left out; "
           f"{'sealed under a random key' if args.encrypt else 'no encryption key'}")
     print("median ms per request, wall (CPU of the calling thread: the SQLite commit's fsync is wall only)")

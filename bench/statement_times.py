@@ -78,8 +78,10 @@ class StatementClock:
                 many = isinstance(parameters, (list, tuple))
                 if clock.on and (parameters or not many):
                     first = parameters[0] if many else (parameters or {})
-                    sql = driver.compiled(statement, tuple(first) if many else None).sql
-                    clock._count(time.perf_counter() - started, sql, parameters, many)
+                    compiled = driver.compiled(statement, tuple(first) if many else None)
+                    # as the driver got them (the statement's constants bound too): what --explain sends
+                    sent = parameters if many else compiled.values(first)
+                    clock._count(time.perf_counter() - started, compiled.sql, sent, many)
 
         DriverStatements.run = timed  # type: ignore[method-assign]
 

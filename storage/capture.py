@@ -83,8 +83,7 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
             with self.engine.connect() as connection:
                 return self._read_after_capture(connection, path, run, written)
         except Exception as exc:  # the run is stored: the caller must know it has an outcome to record
-            first_line = (str(exc).splitlines() or [""])[0][:300]
-            raise CapturedThenFailed(f"after the capture: {type(exc).__name__}: {first_line}") from exc
+            raise _captured_then_failed(exc) from exc
 
     @overload
     def _write_capture(self, path: Sequence[PathNode], run: RunStart) -> Written: ...
@@ -99,11 +98,18 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
 
         def capture(connection: Connection) -> Written | IngestResult:
             written = self._ingest(connection, path, run, prepared)
-            return self._read_after_capture(connection, path, run, written) if read else written
+            if not read:
+                return written
+            if not self._committed(connection):
+                return self._read_after_capture(connection, path, run, written)
+            try:  # the capture's COMMIT went with its last batch: the run is stored whatever happens now
+                return self._read_after_capture(connection, path, run, written)
+            except Exception as exc:
+                raise _captured_then_failed(exc) from exc
 
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                captured = self._in_transaction(capture)
+                captured = self._in_transaction(capture, folded=True)
             except DataError as exc:
                 raise UnstorableValue(str(getattr(exc, "orig", exc)).splitlines()[0]) from exc
             except IntegrityError:
@@ -145,7 +151,7 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
         joining = [n for n in path if n.id not in members]
         # Not in the batch: a file is written only once its registry row's lock is held, not merely asked for.
         self._write_blobs(connection, blobs, now)
-        with self._batched(connection) as batch:  # PostgreSQL: one round trip for them all
+        with self._batched(connection, last=True) as batch:  # PostgreSQL: one round trip for them all, COMMIT too
             self._insert_ignoring_conflicts(connection, MessageNode, node_rows)
             self._insert_ignoring_conflicts(connection, ToolCall, call_rows)
             self._insert_ignoring_conflicts(connection, ToolArtifact, artifact_rows)
@@ -293,3 +299,8 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
             looked = batch.read(*look)
         incarnation, counted = row.rows[0]
         return int(incarnation), counted, True, looked.rows
+
+
+def _captured_then_failed(exc: Exception) -> CapturedThenFailed:
+    first_line = (str(exc).splitlines() or [""])[0][:300]
+    return CapturedThenFailed(f"after the capture: {type(exc).__name__}: {first_line}")

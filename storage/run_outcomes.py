@@ -81,13 +81,13 @@ class RunOutcomes(Conversations):
                 conversation = opening_conversation_id(tenant, leaf, outcome.answer)
                 self._adopt_first_run(connection, tenant, request_id, conversation)
             if assembly_row is not None:
-                with self._batched(connection):  # PostgreSQL: one round trip for both
+                with self._batched(connection, last=True):  # PostgreSQL: one round trip for both, and COMMIT
                     self._insert_ignoring_conflicts(connection, ForwardedMessage, [
                         {**row, "conversation_id": conversation or request_id, "tenant": tenant} for row in replaced])
                     self._execute(connection, _INSERT_ASSEMBLY, [{**assembly_row, "tenant": tenant}])
             return True
 
-        return self._in_transaction(write)
+        return self._in_transaction(write, folded=True)
 
     def _replacements(self, assembly: AssemblyRecord) -> list[dict[str, Any]]:
         """The messages forwarded in place of the client's, stored once per conversation (most are there

@@ -7,7 +7,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
@@ -52,41 +52,98 @@ class StoreBase:
         # SQLite: the captures and outcomes queued together commit together (storage/group_commit.py).
         self._group = GroupCommit(engine, self._writing, lock_file=_writer_lock_file(engine)) \
             if engine.dialect.name == "sqlite" else None
+        # PostgreSQL over psycopg 3: the request path's transactions send BEGIN with their first
+        # statements and COMMIT with their last batch (`_in_transaction(..., folded=True)`).
+        self._folds = engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+        if self._folds:
+            event.listen(engine, "before_cursor_execute", _begin_folded)
 
     def _execute(self, connection: Connection, statement: Any,
                  parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> list[Any]:
         """The rows `statement` returns ([] when it returns none) run on `connection` with `parameters`:
-        one set, or rows to insert; on the driver's cursor (storage/driver_statements.py), as tuples."""
+        one set, or rows to insert; on the driver's cursor (storage/driver_statements.py), as tuples.
+        The first statement of a folded transaction (`_in_transaction`) goes with its BEGIN."""
+        folded = connection.info.get(_FOLDED) if self._folds else None
+        if folded is not None and not folded.begun:
+            if isinstance(parameters, Mapping) and self._driver.compiled(statement).returns_rows:
+                with self._batched(connection) as batch:  # BEGIN, the statement, its rows: one round trip
+                    queued = batch.read(statement, parameters)
+                return queued.rows
+            connection.connection.driver_connection.execute(b"BEGIN")
+            folded.begun = True
         return self._driver.run(connection, statement, parameters)
 
-    def _in_transaction(self, work: Callable[[Connection], T]) -> T:
+    def _in_transaction(self, work: Callable[[Connection], T], folded: bool = False) -> T:
         """`work(connection)` in a committed transaction: on SQLite shared with the writes queued beside
-        it; on PostgreSQL its own (the server groups concurrent commits itself)."""
+        it; on PostgreSQL its own (the server groups concurrent commits itself).
+
+        `folded` (PostgreSQL over psycopg 3): the transaction's BEGIN goes to the server with its first
+        statement and its COMMIT with its last batch (`_batched(connection, last=True)`), two round trips
+        fewer than psycopg's own, which sends each alone (bench/capture_path.py counts them). psycopg
+        sends BEGIN itself unless the connection is in autocommit mode, so the connection is put in it for
+        the transaction (back out before it returns to the pool) and the transaction's BEGIN is a
+        statement of its own: queued at the head of its first batch, or sent in one round trip with its
+        first statement (`_execute`); `_begin_folded` sends it alone before any other statement. After
+        the last batch committed, only reads may follow (each is then a transaction of its own)."""
         if self._group is not None:
             return self._group.run(work)
-        with self.engine.begin() as connection:
-            return work(connection)
+        if not (folded and self._folds):
+            with self.engine.begin() as connection:
+                return work(connection)
+        with self.engine.connect() as connection:
+            driver = connection.connection.driver_connection
+            driver.autocommit = True
+            connection.info[_FOLDED] = folded_state = _Folded()
+            try:
+                with connection.begin():  # SQLAlchemy's own (psycopg sends nothing for it): an error rolls back
+                    result = work(connection)
+                    if folded_state.begun and not folded_state.committed:
+                        driver.execute(b"COMMIT")
+            except BaseException:
+                _roll_back(connection, driver)
+                raise
+            finally:
+                connection.info.pop(_FOLDED, None)
+                _leave_autocommit(connection, driver)
+            return result
+
+    def _committed(self, connection: Connection) -> bool:
+        """Whether the folded transaction on `connection` committed already (with its last batch)."""
+        folded = connection.info.get(_FOLDED) if self._folds else None
+        return folded is not None and folded.committed
 
     @contextlib.contextmanager
-    def _batched(self, connection: Connection) -> Iterator["Batch"]:
+    def _batched(self, connection: Connection, last: bool = False) -> Iterator["Batch"]:
         """On PostgreSQL, the statements executed inside go to the server together and their results
         come back in one round trip at the end (psycopg's pipeline mode): statements whose results
         nobody reads, such as inserts without RETURNING, and reads queued with the batch's `read`. An
         error the server reports for one of them is raised by a later statement of the batch or at its
         end, as SQLAlchemy's exception for it (IntegrityError, DataError, ...), the class an execute would
         have raised; the statement SQLAlchemy names with it may be a later one. Elsewhere the
-        statements go one by one."""
+        statements go one by one.
+
+        In a folded transaction (`_in_transaction`) the first batch also carries its BEGIN, and the one
+        marked `last` its COMMIT (a statement of the batch failing, the server skips the COMMIT and the
+        transaction rolls back)."""
         pipeline = getattr(connection.connection.driver_connection, "pipeline", None) if self.is_postgresql else None
         if pipeline is None:  # SQLite, or a PostgreSQL driver other than psycopg 3
             yield Batch(connection, None, self._driver)
             return
         import psycopg  # the driver's own module, loaded with it: a SQLite gateway never imports it (about 8 MB)
 
-        batch = Batch(connection, connection.connection.driver_connection, self._driver)
+        driver = connection.connection.driver_connection
+        batch = Batch(connection, driver, self._driver)
+        folded = connection.info.get(_FOLDED) if self._folds else None
         try:
             try:
                 with pipeline():
+                    if folded is not None and not folded.begun:
+                        driver.execute(b"BEGIN")
+                        folded.begun = True
                     yield batch
+                    if folded is not None and last:
+                        driver.execute(b"COMMIT")
+                        folded.committed = True
             except psycopg.Error as exc:  # the pipeline's sync: outside SQLAlchemy's execute and its wrapping
                 raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
             batch.fetch()
@@ -171,3 +228,47 @@ def _writer_lock_file(engine: Engine) -> str | None:
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     return f"{database}-writer.lock"
+
+
+_FOLDED = "gateway.folded_transaction"  # a folded transaction's state, in its connection's `info`
+
+
+class _Folded:
+    """Whether a folded transaction's BEGIN and COMMIT were sent (`StoreBase._in_transaction`)."""
+
+    __slots__ = ("begun", "committed")
+
+    def __init__(self) -> None:
+        self.begun = False
+        self.committed = False
+
+
+def _begin_folded(connection: Connection, cursor: Any, statement: str, parameters: Any, context: Any,
+                  executemany: bool) -> None:
+    """A statement SQLAlchemy executes in a folded transaction not begun yet: its BEGIN first, alone
+    (in autocommit mode the statement would otherwise be a transaction of its own)."""
+    folded = connection.info.get(_FOLDED)
+    if folded is not None and not folded.begun:
+        connection.connection.driver_connection.execute(b"BEGIN")
+        folded.begun = True
+
+
+def _roll_back(connection: Connection, driver: Any) -> None:
+    """A folded transaction that failed: rolled back if the server still has it open; a connection that
+    cannot say so is invalidated (the pool replaces it)."""
+    try:
+        driver.rollback()  # psycopg sends ROLLBACK only when the server is in a transaction
+    except Exception:
+        if not connection.invalidated:
+            connection.invalidate()
+
+
+def _leave_autocommit(connection: Connection, driver: Any) -> None:
+    """The connection back out of autocommit mode before the pool has it again; one that cannot be
+    (still in a transaction, or lost) is invalidated."""
+    if connection.invalidated:
+        return
+    try:
+        driver.autocommit = False
+    except Exception:
+        connection.invalidate()
