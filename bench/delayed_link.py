@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from testkit.tcp_relay import relay_clients
+
 
 class DelayedLink:
     def __init__(self, host: str, port: int, one_way_ms: float) -> None:
@@ -40,19 +42,14 @@ class DelayedLink:
                 pass
 
     def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self._target)
-            for sock in (client, server):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sockets += [client, server]
-            for source, sink in ((client, server), (server, client)):
-                held: queue.Queue[tuple[float, bytes]] = queue.Queue()
-                threading.Thread(target=self._read, args=(source, held), daemon=True).start()
-                threading.Thread(target=self._write, args=(sink, held), daemon=True).start()
+        relay_clients(self._listener, self._target, self._relay)
+
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        self._sockets += [client, server]
+        for source, sink in ((client, server), (server, client)):
+            held: queue.Queue[tuple[float, bytes]] = queue.Queue()
+            threading.Thread(target=self._read, args=(source, held), daemon=True).start()
+            threading.Thread(target=self._write, args=(sink, held), daemon=True).start()
 
     def _read(self, source: socket.socket, held: "queue.Queue[tuple[float, bytes]]") -> None:
         try:

@@ -21,6 +21,7 @@ from storage.record_types import CapturedThenFailed, RunOutcome, RunStart
 from storage.records import RecordStore
 from storage.schema import ModelRun
 from testkit.gateway import make_store
+from testkit.tcp_relay import relay_clients
 
 
 @pytest.fixture
@@ -58,14 +59,11 @@ class _ReadyCounter:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self._target)
-            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+        relay_clients(self._listener, self._target, self._relay)
+
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+        threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
         pending, opening = b"", from_server
