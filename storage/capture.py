@@ -100,12 +100,12 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
             written = self._ingest(connection, path, run, prepared)
             if not read:
                 return written
-            if not self._committed(connection):
-                return self._read_after_capture(connection, path, run, written)
-            try:  # the capture's COMMIT went with its last batch: the run is stored whatever happens now
+            try:
                 return self._read_after_capture(connection, path, run, written)
             except Exception as exc:
-                raise _captured_then_failed(exc) from exc
+                if self._committed(connection):  # its COMMIT went with its last batch: the run is stored
+                    raise _captured_then_failed(exc) from exc
+                raise
 
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:

@@ -69,8 +69,7 @@ class StoreBase:
                 with self._batched(connection) as batch:  # BEGIN, the statement, its rows: one round trip
                     queued = batch.read(statement, parameters)
                 return queued.rows
-            connection.connection.driver_connection.execute(b"BEGIN")
-            folded.begun = True
+            folded.begin(connection.connection.driver_connection)
         return self._driver.run(connection, statement, parameters)
 
     def _in_transaction(self, work: Callable[[Connection], T], folded: bool = False) -> T:
@@ -138,8 +137,7 @@ class StoreBase:
             try:
                 with pipeline():
                     if folded is not None and not folded.begun:
-                        driver.execute(b"BEGIN")
-                        folded.begun = True
+                        folded.begin(driver)  # queued: it goes with the batch
                     yield batch
                     if folded is not None and last:
                         driver.execute(b"COMMIT")
@@ -242,6 +240,11 @@ class _Folded:
         self.begun = False
         self.committed = False
 
+    def begin(self, driver: Any) -> None:
+        """Send (or, in a pipeline, queue) the transaction's BEGIN on the psycopg connection `driver`."""
+        driver.execute(b"BEGIN")
+        self.begun = True
+
 
 def _begin_folded(connection: Connection, cursor: Any, statement: str, parameters: Any, context: Any,
                   executemany: bool) -> None:
@@ -249,8 +252,7 @@ def _begin_folded(connection: Connection, cursor: Any, statement: str, parameter
     (in autocommit mode the statement would otherwise be a transaction of its own)."""
     folded = connection.info.get(_FOLDED)
     if folded is not None and not folded.begun:
-        connection.connection.driver_connection.execute(b"BEGIN")
-        folded.begun = True
+        folded.begin(connection.connection.driver_connection)
 
 
 def _roll_back(connection: Connection, driver: Any) -> None:
