@@ -101,7 +101,9 @@ from memory_burst import MIB, burst, burst_bodies, rss_comparison  # noqa: E402
 from scripts.processes import free_port, postgres_schema  # noqa: E402
 
 BENCH = REPO / "bench"
-GATEWAY_BIN = Path(sys.executable).parent / "gateway"
+# `gateway` as a module of this checkout (the command runs in REPO): the console script of an editable
+# install imports the checkout it was installed from, whichever checkout runs this benchmark.
+GATEWAY = [sys.executable, "-m", "gateway"]
 LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = BENCH / ".litellm-proxy-venv"
 TENANT_KEY = "sk-acme-1"
@@ -243,7 +245,7 @@ def floor_server(upstream: Server, workers: int, folder: Path, durable: bool = F
 
 
 def gateway_accepts_workers() -> bool:
-    result = subprocess.run([str(GATEWAY_BIN), "serve", "--help"], capture_output=True, text=True,
+    result = subprocess.run([*GATEWAY, "serve", "--help"], capture_output=True, text=True, cwd=REPO,
                             env=CHILD_ENV, timeout=120)
     return "--workers" in result.stdout
 
@@ -264,7 +266,7 @@ def gateway_server(policy: str, storage_url: str | None, upstream: Server, worke
         }
         path = folder / "gateway.yaml"
         path.write_text(yaml.safe_dump(config))
-        command = [str(GATEWAY_BIN), "serve", "--config", str(path), "--port", str(port)]
+        command = [*GATEWAY, "serve", "--config", str(path), "--port", str(port)]
         if workers > 1:
             command += ["--workers", str(workers)]
         yield Server("gateway", command, port, TENANT_KEY, folder / "gateway.log")
