@@ -18,8 +18,10 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
+from policies.bounded_cache import BoundedCache
 from policies.transcript import PathNode, canonical_json, message_path, node_id
 
+_RESUME_LOOKBACK = 4  # an agent's request resends the one before with a round or two more
 _MAX_DEPTH = 64  # deeper than any message a client sends: `canonical_json` decides
 
 
@@ -143,10 +145,15 @@ class NodeIds:
     quarter goes.
     """
 
-    def __init__(self, limit: int = 50_000) -> None:
+    def __init__(self, limit: int = 50_000, paths: int = 512, path_ids: int = 50_000) -> None:
         self.limit = limit
         self._ids: dict[tuple[str, str | None, bytes], str] = {}
         self._adding = threading.Lock()
+        # Recent requests' paths by (tenant, length, last message's digest): (SHA-256 of all their
+        # messages' digests, their node ids). A conversation's next request resends that prefix: it is
+        # placed by one comparison instead of a look-up per message (`_resumed`). At most `paths` of
+        # them and `path_ids` ids in all (mostly the strings `_ids` holds; at worst ~6 MB of their own).
+        self._paths = BoundedCache(paths, max_weight=path_ids, weigh=lambda found: len(found[1]))
 
     def __call__(self, tenant: str, parent: str | None, message: Mapping[str, Any],
                  digest: bytes | None = None) -> str:
@@ -167,13 +174,21 @@ class NodeIds:
     def path(self, tenant: str, messages: Sequence[Mapping[str, Any]],
              digests: Sequence[bytes | None]) -> list[PathNode]:
         """`message_path(tenant, messages, ids=self)` with each message's digest given (`digests[i]`:
-        message i's, or None), in one loop: a 1,000-message request places 1,000 messages, and a call
-        per message through `__call__` cost about half of it."""
+        message i's, or None). The prefix an earlier request of the conversation placed (found among the
+        last `_RESUME_LOOKBACK` positions, where an agent's previous request ended) takes that request's
+        ids, checked exact by the digests of all its messages; the rest is placed in one loop: a
+        1,000-message request places 1,000 messages, and a call per message through `__call__` cost
+        about half of it."""
         if len(digests) != len(messages):
             return message_path(tenant, messages, ids=self)
-        known, path, parent = self._ids, [], None
+        resumed = self._resumed(tenant, digests)
+        done, ids, hashed = resumed if resumed is not None else (0, [], None)
+        path = list(map(tuple.__new__, itertools.repeat(PathNode),
+                        zip(ids, itertools.chain((None,), ids), range(done), messages)))
+        known, parent = self._ids, ids[-1] if ids else None
         learned: dict[tuple[str, str | None, bytes], str] = {}
-        for position, (message, digest) in enumerate(zip(messages, digests)):
+        for position in range(done, len(messages)):
+            message, digest = messages[position], digests[position]
             if digest is None:
                 found = self(tenant, parent, message)
             else:
@@ -189,7 +204,35 @@ class NodeIds:
                 trim_oldest(known, self.limit)
                 for stale in list(itertools.islice(known, max(0, len(known) - self.limit))):
                     del known[stale]  # a path of more new messages than a quarter of the limit
+        self._remember(tenant, digests, path, done, hashed)
         return path
+
+    def _resumed(self, tenant: str, digests: Sequence[bytes | None]) -> tuple[int, list[str], Any] | None:
+        """(length, ids, the running SHA-256 of their digests) of the longest prefix of `digests` that an
+        earlier request placed whole, looked for at the last few lengths; None when there is none."""
+        for length in range(len(digests), max(0, len(digests) - _RESUME_LOOKBACK), -1):
+            found = self._paths.get((tenant, length, digests[length - 1]))
+            if found is None:
+                continue
+            try:
+                hashed = hashlib.sha256(b"".join(digests[:length]))  # type: ignore[arg-type]
+            except TypeError:  # a digest not known: no earlier path was remembered with it
+                return None
+            if hashed.digest() == found[0]:
+                return length, found[1], hashed
+        return None
+
+    def _remember(self, tenant: str, digests: Sequence[bytes | None], path: list[PathNode], done: int,
+                  hashed: Any) -> None:
+        """Keep this path for the conversation's next request (`_resumed`), when every digest is known."""
+        if not path or done == len(path):
+            return
+        rest = digests[done:] if hashed is not None else digests
+        if None in rest:
+            return
+        hashed = hashed if hashed is not None else hashlib.sha256()
+        hashed.update(b"".join(rest))  # type: ignore[arg-type]
+        self._paths.put((tenant, len(path), digests[-1]), (hashed.digest(), [node.id for node in path]))
 
     def __len__(self) -> int:
         return len(self._ids)

@@ -148,3 +148,38 @@ def test_the_digests_parsing_works_out_are_the_node_id_cache_keys() -> None:
     for message, digest in zip(messages, message_digests(messages)):
         assert ids("acme", parent, message, digest) == fresh("acme", parent, message)
         parent = fresh("acme", parent, message)
+
+
+_TURNS = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]),
+                                         "content": st.sampled_from(["a", "b", "c", 1, 1.0])}),
+                  min_size=1, max_size=12)
+
+
+@given(_TURNS, st.lists(st.tuples(st.integers(0, 12), st.integers(-1, 11), st.integers(0, 4)), max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_a_path_resumed_from_an_earlier_request_is_the_computed_one(messages: list[dict], requests: list) -> None:
+    """Requests that resend an earlier request's prefix, longer or shorter by a few messages, some with a
+    message changed anywhere (the same length and last message as a remembered path, a different middle),
+    are placed where `message_path` places them: a remembered path is taken only for the exact prefix."""
+    from policies.canonical import exact_digest
+    ids = NodeIds(limit=8, paths=4)
+    for length, changed, value in requests:
+        sent = [dict(m) for m in messages[:max(1, length)]]
+        if 0 <= changed < len(sent) - 1:
+            sent[changed]["content"] = ["a", "b", "c", 1, 1.0][value]
+        digests = [exact_digest(m) for m in sent]
+        assert ids.path("acme", sent, digests) == message_path("acme", sent)
+        assert ids.path("globex", sent, digests) == message_path("globex", sent)
+
+
+def test_a_remembered_path_is_taken_only_for_the_same_messages_before_its_last() -> None:
+    """Two requests of the same length ending in the same message, different before it: the second is
+    not placed with the first's ids (the digests of every message are compared, not the last one's)."""
+    from policies.canonical import exact_digest
+    ids = NodeIds()
+    first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "z"}]
+    second = [first[0], {"role": "assistant", "content": "y"}, first[2]]
+    third = [*first, {"role": "assistant", "content": "w"}]
+    for messages in (first, second, third, second):
+        assert ids.path("acme", messages, [exact_digest(m) for m in messages]) == message_path("acme", messages)
+    assert ids._resumed("acme", [exact_digest(m) for m in third]) is not None  # taken where it may be
