@@ -5,7 +5,9 @@ a failure), projected under the coding-agent preset: the path hashing, the recor
 the assembly, as the gateway does them per request. "assemble ms" replays every round
 (a conversation the process has not seen); "next request ms" is the assembly of the N-round
 request right after the (N-1)-round one, as the gateway does it (token counts remembered per
-node, the epoch replay resumed from the previous request's state).
+node, the epoch replay resumed from the previous request's state); "next place ms" places that request's
+messages in the tree as the gateway does (policies/canonical.py `NodeIds.path`, with the digests parsing
+works out), right after the previous request's.
 
 .venv/bin/python bench/assembly_scaling.py [--rounds 100 300 600] [--repeats 5] [--small]
 """
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.upstream.encodings import use_bundled_encodings  # noqa: E402
 from policies.assembler import assemble  # noqa: E402
+from policies.canonical import NodeIds, exact_digest  # noqa: E402
 from policies.path_records import path_tokens, records_for_path  # noqa: E402
 from policies.presets import preset  # noqa: E402
 from policies.transcript import message_path  # noqa: E402
@@ -51,10 +54,11 @@ def main() -> None:
     policy = preset("coding-agent")
     print(f"command: {' '.join(sys.argv)}")
     print(f"{'rounds':>7} {'messages':>9} {'total ms':>9} {'assemble ms':>12} {'next request ms':>16} "
-          f"{'tokens sent':>12} {'forwarded':>10}")
+          f"{'next place ms':>14} {'tokens sent':>12} {'forwarded':>10}")
+    node_ids = NodeIds()
     for rounds in args.rounds:
         messages = transcript(rounds, args.small)
-        totals, assembling, following = [], [], []
+        totals, assembling, following, placing = [], [], [], []
         for repeat in range(args.repeats + 1):  # the first run fills the caches a live gateway has warm
             started = time.perf_counter()
             path = message_path("bench", messages)
@@ -73,8 +77,14 @@ def main() -> None:
             assembling_from = time.perf_counter()
             assemble(policy, messages, records, 0.0, tokens=path_tokens(path), node_ids=[n.id for n in path])
             following.append((time.perf_counter() - assembling_from) * 1000)
+            node_ids.path(f"bench-{repeat}", messages[:-2], [exact_digest(m) for m in messages[:-2]])
+            digests = [exact_digest(m) for m in messages]
+            placing_from = time.perf_counter()
+            node_ids.path(f"bench-{repeat}", messages, digests)
+            placing.append((time.perf_counter() - placing_from) * 1000)
         print(f"{rounds:>7} {len(messages):>9} {statistics.median(totals[1:]):>9.1f} "
               f"{statistics.median(assembling[1:]):>12.1f} {statistics.median(following[1:]):>16.1f} "
+              f"{statistics.median(placing[1:]):>14.2f} "
               f"{projection.tokens_original:>12} {projection.tokens_forwarded:>10}")
 
 

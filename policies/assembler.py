@@ -18,18 +18,21 @@ Rules kept (DESIGN.md, "Rules the assembler must keep"):
 """
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
-from operator import is_
+from operator import is_, not_
 from typing import Any, Mapping, Sequence
 
 from policies import decision_reuse
 from policies.assembly_state import Assembly
 from policies.assembly_types import Decision, Projection, Records
+from policies.bounded_cache import BoundedCache
 from policies.budget_fit import fit_budget
 from policies.epoch_replay import Epochs
 from policies.memories import ArtifactView, render_notice
 from policies.policy import Policy
+from policies.rounds import PREFIX_LOOKBACK
 from policies.tokens import DEFAULT_ENCODING, message_tokens
 from policies.transcript import SHORT_REF_HEX, refers_to
 from policies.visibility import notice_reason
@@ -88,7 +91,7 @@ class _Draft:
 
     def __init__(self, state: Assembly) -> None:
         self.state = state
-        self.out: list[dict[str, Any]] = [dict(m) for m in state.messages]
+        self.out: list[dict[str, Any]] = list(map(dict, state.messages))
         self.as_sent = list(self.out)  # a message replaced in `out` is a new object
         self.decisions: dict[int, Decision] = {}
         self.sent_tokens: dict[int, int] = {}  # the tokens of a message replaced in `out`, as it is there now
@@ -100,13 +103,13 @@ class _Draft:
         """`tokens`: the message's tokens with `content`, when known (a memory's are)."""
         state, out = self.state, self.out
         if content is not None:
-            out[index] = {**out[index], "content": content}
+            out[index] = _with_content(out[index], content)
         after = state.tokens[index] if content is None else tokens if tokens is not None \
             else message_tokens(out[index], state.encoding)
         if content is not None:
             self.sent_tokens[index] = after
-        self.decisions[index] = Decision(index, str(state.messages[index].get("role")), action, reason, artifact,
-                                         state.tokens[index], after, kept)
+        self.decisions[index] = Decision.of(index, str(state.messages[index].get("role")), action, reason, artifact,
+                                            state.tokens[index], after, kept)
         if omission is not None:
             self.omissions[omission] += 1
         self.results[index] = (self.decisions[index], content, omission, after if content is not None else None)
@@ -119,13 +122,21 @@ class _Draft:
         for index, taken in found:
             decision, content, omission, after = taken
             if content is not None:
-                out[index] = {**out[index], "content": content}
+                replaced = out[index] = out[index].copy()
+                replaced["content"] = content
                 sent_tokens[index] = after  # type: ignore[assignment]
             decisions[index] = decision
             if omission is not None:
                 omitted.append(omission)
             results[index] = taken
         self.omissions.update(omitted)
+
+
+def _with_content(message: dict[str, Any], content: Any) -> dict[str, Any]:
+    """`{**message, "content": content}` in a third of the time (a copy of the dict's table, one key set)."""
+    replaced = message.copy()
+    replaced["content"] = content
+    return replaced
 
 
 def _in_epoch(found: Result, moved_from: str, moved_to: str) -> Result:
@@ -157,15 +168,16 @@ def _decide_results(state: Assembly, draft: _Draft, epochs: Epochs, latest: set[
     previous, dirty = reuse if reuse is not None else (None, set())
     moved_from = f"epoch:{previous.epoch_round}" if previous is not None \
         and previous.epoch_round != epochs.epoch_round else None
-    messages, round_of = state.messages, state.round_of
+    messages, round_of, count = state.messages, state.round_of, len(state.messages)
+    length, views_then, results_then = (previous.length, previous.views, previous.results) if previous is not None \
+        else (0, {}, {})
     again: list[tuple[int, Result]] = []  # decided as the earlier request decided them
     for index, view in state.records.artifacts.items():  # the tool messages' views, by index
-        if index >= len(messages) or messages[index].get("role") != "tool":
+        if index >= count or messages[index].get("role") != "tool":
             continue
         rnd = round_of.get(index, 0)
-        if previous is not None and index < previous.length and rnd and index not in dirty \
-                and previous.views.get(index) is view:
-            found = previous.results.get(index)
+        if index < length and rnd and index not in dirty and views_then.get(index) is view:
+            found = results_then.get(index)
             if found is not None:
                 again.append((index, found))
             continue
@@ -226,23 +238,23 @@ def _remember_decisions(state: Assembly, draft: _Draft, epochs: Epochs, latest: 
 def _projection(state: Assembly, draft: _Draft, epochs: Epochs, forwarded: list[dict[str, Any]]) -> Projection:
     """The projection of `forwarded` (the draft's messages, or fewer when the budget dropped some): a
     decision for every message (`verbatim` where none was taken) and the tokens it forwards."""
-    messages, decisions, out, as_sent = state.messages, draft.decisions, draft.out, draft.as_sent
-    verbatim, tokens_of = Decision.as_is, state.tokens
-    for index, message in enumerate(messages):
-        if index not in decisions:
-            decisions[index] = verbatim(index, str(message.get("role")), tokens_of[index])
+    out, as_sent = draft.out, draft.as_sent
+    every = _every_decision(state, draft.decisions)
+    same: tuple[bool, ...] = ()
     if forwarded is out:  # nothing omitted: a message forwarded as it came counts as it came
         sent_tokens = draft.sent_tokens
         if state.policy.budget.max_prompt_tokens is not None:
             sent_tokens.clear()  # fit_budget may have replaced messages again
-        forwarded_tokens = sum(state.tokens[i] if sent is as_sent[i] else sent_tokens[i] if i in sent_tokens
-                               else message_tokens(sent, state.encoding) for i, sent in enumerate(out))
+        same = tuple(map(is_, out, as_sent))
+        forwarded_tokens = sum(itertools.compress(state.tokens, same)) + sum(
+            sent_tokens[i] if i in sent_tokens else message_tokens(out[i], state.encoding)
+            for i in itertools.compress(range(len(out)), map(not_, same)))
     else:
         forwarded_tokens = sum(message_tokens(m, state.encoding) for m in forwarded)
     upcoming, boundary = epochs.upcoming, epochs.boundary
     return Projection(
         messages=forwarded,
-        decisions=tuple(decisions[i] for i in range(len(messages))),
+        decisions=every,
         omissions=dict(sorted(draft.omissions.items())),
         tokens_original=sum(state.tokens),
         tokens_forwarded=forwarded_tokens,
@@ -251,10 +263,43 @@ def _projection(state: Assembly, draft: _Draft, epochs: Epochs, forwarded: list[
         boundary_round=boundary,
         epoch_round=epochs.epoch_round,
         boundary_index=state.rounds[boundary - 1].end if boundary else -1,
-        next_move_from=upcoming if upcoming is not None and decisions[upcoming].action == "verbatim" else None,
-        next_move_due=epochs.due and upcoming is not None and decisions[upcoming].action == "verbatim",
-        as_sent=tuple(map(is_, out, as_sent)) if forwarded is out else (),
+        next_move_from=upcoming if upcoming is not None and every[upcoming].action == "verbatim" else None,
+        next_move_due=epochs.due and upcoming is not None and every[upcoming].action == "verbatim",
+        as_sent=same,
     )
+
+
+# Recent projections' decisions, whole, with the indices decided (the rest `verbatim`) and the messages'
+# tokens, by (node id of the last message, context): the conversation's next request takes its messages'
+# `verbatim` decisions from there (`_every_decision`). A reference per message.
+_WHOLE = BoundedCache(128, max_weight=1_000_000, weigh=lambda whole: len(whole[0]))
+
+
+def _every_decision(state: Assembly, decided: Mapping[int, Decision]) -> tuple[Decision, ...]:
+    """A decision for every message: those taken (`decided`), `verbatim` for the others. Where an earlier
+    request of the conversation (ending within the last few messages) made them for the same messages and
+    tokens, its `verbatim` ones are taken whole and only the rest are made (a 1,000-message request has
+    some 600)."""
+    messages, tokens, count, ids = state.messages, state.tokens, len(state.messages), state.node_ids
+    known = bool(ids) and len(ids) == count  # type: ignore[arg-type]
+    every: dict[int, Decision] = {}
+    start, made = 0, frozenset[int]()
+    for position in range(count - 1, max(-1, count - 1 - PREFIX_LOOKBACK), -1) if known else ():
+        earlier = _WHOLE.get((ids[position], state.context_key))  # type: ignore[index]
+        if earlier is not None:
+            if tokens[:position + 1] == earlier[2]:  # the same messages (node ids) and tokens
+                start, made = position + 1, earlier[1]
+                every = dict(zip(range(start), earlier[0]))
+            break
+    # `verbatim`: the messages after the earlier request's, and those it decided otherwise and this one not
+    for index in itertools.chain(made.difference(decided), range(start, count)):
+        if index not in decided:
+            every[index] = Decision.as_is(index, str(messages[index].get("role")), tokens[index])
+    every.update(decided)
+    whole = tuple(map(every.__getitem__, range(count)))
+    if known and count:
+        _WHOLE.put((ids[-1], state.context_key), (whole, frozenset(decided), list(tokens)))  # type: ignore[index]
+    return whole
 
 
 _ARTIFACT_ID = re.compile(r"\b(art_[0-9a-f]{%d,20})\b" % SHORT_REF_HEX)  # a full id or a short reference
@@ -266,7 +311,7 @@ def _rehydrate_named(state: Assembly, out: list[dict[str, Any]], decisions: dict
     do those a model had back whole through the rehydration tool on an earlier request (it needed more
     than the memory: hiding it again would have it ask again, round after round), unless stale or
     superseded since."""
-    latest_user = next((m for m in reversed(state.messages) if m.get("role") == "user"), None)
+    latest_user = state.latest_user_message()
     named: set[str] = set()
     if latest_user is not None:
         text = latest_user.get("content")
@@ -310,12 +355,13 @@ def _compact_call_arguments(state: Assembly, index: int, out: list[dict[str, Any
     found = state.compacted_arguments(index)
     if found is not None:
         message, ref, tokens, thought_chars = found
-        out[index] = {**out[index], "tool_calls": message["tool_calls"]}
+        out[index] = replaced = out[index].copy()
+        replaced["tool_calls"] = message["tool_calls"]
         kept = ""
         if thought_chars:
             out[index]["content"] = message["content"]
             kept = f"reasoning: {thought_chars} chars omitted"
             omissions["assistant_thought"] += 1
         sent_tokens[index] = tokens  # `message` is the original with these calls and content, as `out[index]` is now
-        decisions[index] = Decision(index, "assistant", "arguments_compacted" if ref else "thought_compacted",
-                                    "epoch", ref, state.tokens[index], tokens, kept)
+        decisions[index] = Decision.of(index, "assistant", "arguments_compacted" if ref else "thought_compacted",
+                                       "epoch", ref, state.tokens[index], tokens, kept)

@@ -3,10 +3,12 @@ that moves the boundary when a move pays for itself, resumed across requests (se
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from policies.bounded_cache import BoundedCache
+from policies.rounds import PREFIX_LOOKBACK
 
 
 @dataclass
@@ -59,6 +61,21 @@ class Replay:
                        set(self.pinned))
 
 
+class Tallies(NamedTuple):
+    """What `_requests_before` and `_next_round_likely` count of a request's messages: the assistant
+    messages before each index (one more entry than messages), and [answers, calls among them] of the
+    assistant messages after anything but a tool result ([0]) and after a tool result ([1]); and the index
+    of the latest user message (-1: none)."""
+
+    assistants: list[int]
+    answers: list[list[int]]
+    latest_user: int
+
+
+# Tallies by the node id of the last message counted (a function of the messages up to it): the
+# conversation's next request counts its new messages alone. A few ints per message.
+_TALLIES = BoundedCache(512, max_weight=2_000_000, weigh=lambda tallies: len(tallies.assistants))
+
 # Replays by (node id at a round's end, context): a conversation's next request resumes where its
 # previous one left off instead of replaying every round again. Pure: a state is a function of its key.
 # One entry per request, holding a few small ints per round: 512 conversations stay resumable (about
@@ -71,9 +88,7 @@ _START_CANDIDATES = 64  # where a move may start: the first this many messages o
 
 def _spans(tokens: Sequence[int]) -> Callable[[int, int], int]:
     """`span(first, last)`: the tokens of messages `first` to `last` (0 when `last` < `first`)."""
-    prefix = [0]
-    for count in tokens:
-        prefix.append(prefix[-1] + count)
+    prefix = list(itertools.accumulate(tokens, initial=0))
 
     def span(first: int, last: int) -> int:
         return prefix[last + 1] - prefix[first] if last >= first else 0
@@ -92,16 +107,25 @@ class _Links:
     superseded_at: dict[int, list[int]]  # round -> results a result of that round supersedes
 
     @classmethod
-    def of(cls, superseder: Mapping[int, int], retried_at: Mapping[int, int], round_of: Mapping[int, int]) -> "_Links":
+    def of(cls, superseder: Mapping[int, int], retried_at: Mapping[int, int], round_of: Mapping[int, int],
+           first: int, last: int) -> "_Links":
+        """The links at rounds `first` to `last` only: those the replay steps through (a conversation's
+        next request resumes the replay and steps through its new round alone, a resend through none)."""
         retries: dict[int, list[int]] = {}
-        for failed, retry in retried_at.items():
-            retries.setdefault(round_of[retry], []).append(failed)
         changes_at: dict[int, list[int]] = {}
-        for earlier, later in (*superseder.items(), *retried_at.items()):
-            changes_at.setdefault(round_of.get(later, 0), []).append(earlier)
         superseded_at: dict[int, list[int]] = {}
+        if first > last:
+            return cls(retries, changes_at, superseded_at)
+        for failed, retry in retried_at.items():
+            if first <= (rnd := round_of[retry]) <= last:
+                retries.setdefault(rnd, []).append(failed)
         for earlier, later in superseder.items():
-            superseded_at.setdefault(round_of.get(later, 0), []).append(earlier)
+            if first <= (rnd := round_of.get(later, 0)) <= last:
+                changes_at.setdefault(rnd, []).append(earlier)
+                superseded_at.setdefault(rnd, []).append(earlier)
+        for earlier, later in retried_at.items():
+            if first <= (rnd := round_of.get(later, 0)) <= last:
+                changes_at.setdefault(rnd, []).append(earlier)
         return cls(retries, changes_at, superseded_at)
 
 
@@ -111,13 +135,44 @@ class EpochReplay:
 
     def _requests_before(self, t: int) -> int:
         """Requests the client made up to round `t`'s assistant message: one per assistant message."""
-        if self._assistants is None:
-            self._assistants = [0]
-            for message in self.messages:
-                self._assistants.append(self._assistants[-1] + (message.get("role") == "assistant"))
+        assistants = self._tallies().assistants
         if t > len(self.rounds):  # the next request: one more
-            return self._assistants[-1] + 1
-        return self._assistants[self.rounds[t - 1].assistant + 1]
+            return assistants[-1] + 1
+        return assistants[self.rounds[t - 1].assistant + 1]
+
+    def latest_user_message(self) -> Mapping[str, Any] | None:
+        """The latest user message, if any (`Tallies.latest_user`)."""
+        index = self._tallies().latest_user
+        return self.messages[index] if index >= 0 else None
+
+    def _tallies(self) -> Tallies:
+        """The messages' `Tallies`, from those of the longest prefix an earlier request of the conversation
+        counted (within the last few messages) and the messages after it."""
+        if self._tally is not None:
+            return self._tally
+        messages, ids = self.messages, self.node_ids
+        known = ids is not None and len(ids) == len(messages)
+        start, assistants, answers, latest_user = 0, [0], [[0, 0], [0, 0]], -1
+        for position in range(len(messages) - 1, max(-1, len(messages) - 1 - PREFIX_LOOKBACK), -1) if known else ():
+            found = _TALLIES.get(ids[position])  # type: ignore[index]
+            if found is not None:
+                start, assistants, answers = position + 1, list(found.assistants), [list(a) for a in found.answers]
+                latest_user = found.latest_user
+                break
+        for index in range(start, len(messages)):
+            message = messages[index]
+            role = message.get("role")
+            assistants.append(assistants[-1] + (role == "assistant"))
+            if role == "assistant" and index:
+                tally = answers[messages[index - 1].get("role") == "tool"]
+                tally[0] += 1
+                tally[1] += bool(message.get("tool_calls"))
+            elif role == "user":
+                latest_user = index
+        self._tally = Tallies(assistants, answers, latest_user)
+        if known and start < len(messages):
+            _TALLIES.put(ids[-1], self._tally)  # type: ignore[index]
+        return self._tally
 
     def _pays(self, saving: int, resent: int, t: int) -> bool:
         """Whether reading `saving` fewer tokens on later turns outweighs re-sending `resent` once, at the
@@ -144,8 +199,8 @@ class EpochReplay:
         previous one and the provider's prefix cache keeps hitting.
         """
         span = _spans(self.tokens)
-        links = _Links.of(self.superseder, self.retried_at, self.round_of)
         r = self._resumed_replay()  # the replay as an earlier request of this conversation left it
+        links = _Links.of(self.superseder, self.retried_at, self.round_of, r.t + 1, len(self.rounds))
         for t in range(r.t + 1, len(self.rounds) + 1):
             # the previous request ended just before round t's assistant message: the rounds before it
             # and whatever prose and user turns followed them
@@ -158,7 +213,8 @@ class EpochReplay:
         if self._asks_after(r.t):  # a question after the latest round: not the replay's state at that round
             r = r.copy()
             self._question_refresh(r, r.t)
-        as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()}
+        as_of = {number: max(t, r.refreshed) for number, t in r.compacted_at.items()} if r.refreshed \
+            else dict(r.compacted_at)  # rounds are counted from 1: max(t, 0) is t
         upcoming, due = self._upcoming(r.window, r.boundary, span, self._move_saving) if self.foresee else (None, False)
         return Epochs(r.boundary, r.epoch_round, as_of, frozenset(r.pinned), upcoming, due)
 
@@ -305,13 +361,7 @@ class EpochReplay:
         if c.cache_write_price <= 1 or c.cache_write_price <= c.cache_read_price:
             return False
         after_results = bool(self.messages) and self.messages[-1].get("role") == "tool"
-        calls = answers = 0
-        for index in range(1, len(self.messages)):
-            message = self.messages[index]
-            if message.get("role") != "assistant" or (self.messages[index - 1].get("role") == "tool") != after_results:
-                continue
-            answers += 1
-            calls += bool(message.get("tool_calls"))
+        answers, calls = self._tallies().answers[after_results]
         odds = (calls + 1) / (answers + 2)
         return (c.cache_write_price - 1) >= (1 - odds) * (c.cache_write_price - c.cache_read_price)
 

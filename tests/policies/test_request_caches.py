@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bench.format_replay import TRACES, load, turns
-from policies import assembly_state, decision_reuse, epoch_replay, path_records, rounds
+from policies import assembler, assembly_state, decision_reuse, epoch_replay, path_records, rounds
 from policies.assembler import assemble
 from policies.path_records import path_tokens, records_for_path
 from policies.policy import policy_from_mapping
@@ -24,7 +24,8 @@ NOW = 1_800_000_000.0
 # the caches that carry work between requests (the function memos and digest-keyed counts are pure)
 SHARED = ((path_records, ("_PREFIXES", "_PATH_TOKENS")),
           (assembly_state, ("_RENDERED", "_NODE_MEMORIES", "_NODE_SAVINGS", "_NAMED_TERMS", "_DUPLICATES")),
-          (epoch_replay, ("_REPLAYS",)), (rounds, ("_ROUNDS",)), (decision_reuse, ("DECISIONS",)))
+          (epoch_replay, ("_REPLAYS", "_TALLIES")), (rounds, ("_ROUNDS",)), (decision_reuse, ("DECISIONS",)),
+          (assembler, ("_WHOLE",)))
 
 # results another participant produced are shown only as memories; old ones are stale
 _STRICT = policy_from_mapping({
@@ -77,6 +78,22 @@ def test_cached_requests_project_as_fresh_ones(path: Path) -> None:
         same(preset("coding-agent"), tenant, [*messages[:end], {"role": "user", "content": f"instead {end}"}])
     # another tenant with the same messages shares nothing it should not
     same(preset("coding-agent"), f"{tenant}-other", messages[:ends[-1]])
+
+
+def test_verbatim_decisions_count_each_requests_own_tokens() -> None:
+    """A message's `verbatim` decision is taken from the conversation's earlier projection only where its
+    tokens are this request's: the same node (canonical JSON) may count differently written otherwise."""
+    messages = load(sorted(TRACES.glob("*.jsonl"))[0])["messages"]
+    end = turns(messages)[3]
+    nodes = message_path("caches-tokens", messages[:end])
+    tokens = path_tokens(nodes)
+    records = records_for_path(nodes, NOW)
+    pol = preset("coding-agent")
+    first = assemble(pol, messages[:end], records, NOW, tokens=tokens, node_ids=[n.id for n in nodes])
+    other = [count + 1 if index == 0 else count for index, count in enumerate(tokens)]
+    again = assemble(pol, messages[:end], records, NOW, tokens=other, node_ids=[n.id for n in nodes])
+    assert (first.decisions[0].action, first.decisions[0].tokens_before) == ("verbatim", tokens[0])
+    assert (again.decisions[0].action, again.decisions[0].tokens_before) == ("verbatim", tokens[0] + 1)
 
 
 def test_owners_and_observation_times_are_read_per_request() -> None:
