@@ -70,6 +70,16 @@ class AssemblyRecord:
     @cached_property
     def notable(self) -> dict[int, dict[str, Any]]:
         """The decisions a reader cannot restore, by message index (worked out once per record)."""
+        return self._notable_and_changed[0]
+
+    @cached_property
+    def changed(self) -> list[int]:
+        """The indices of `notable` whose dict is not its base's own (all of them without a base): where
+        it may differ from the base. Between epochs, the new round's."""
+        return self._notable_and_changed[1]
+
+    @cached_property
+    def _notable_and_changed(self) -> tuple[dict[int, dict[str, Any]], list[int]]:
         return _notable(self)
 
     @property
@@ -137,7 +147,7 @@ def _forwarded(record: AssemblyRecord) -> dict[int, tuple[Mapping[str, Any], str
     return out
 
 
-def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
+def _notable(record: AssemblyRecord) -> tuple[dict[int, dict[str, Any]], list[int]]:
     """Every decision but `verbatim` (a reader restores those) by message index, each that replaced
     its message naming the replacement's digest.
 
@@ -148,14 +158,16 @@ def _notable(record: AssemblyRecord) -> dict[int, dict[str, Any]]:
     decision taken again from the request before (policies/decision_reuse.py: the same `Decision`
     instance) gives the dict made for it then, without making and comparing another (`_dict_of`)."""
     base = record.base_decisions if record.base_request_id is not None else None
-    out = {}
+    out, changed = {}, []
     for index, made in _made_notable(record):
         if base is not None:
             held = base.get(index)
             if held is not None and held is not made and held == made:
                 made = held
+            if held is not made:
+                changed.append(index)
         out[index] = made
-    return out
+    return out, changed if base is not None else list(out)
 
 
 def _made_notable(record: AssemblyRecord) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -198,9 +210,9 @@ def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
     if base is None:
         out = list(notable.values())
     else:
-        out = [d for i, d in notable.items() if not _same_decision(base.get(i), d)]
-        out += [{"index": i, "role": d.get("role"), "action": "verbatim", "reason": "kept", "artifact_id": None}
-                for i, d in base.items() if i not in notable]
+        out = [notable[i] for i in record.changed if not _same_decision(base.get(i), notable[i])]  # the others are
+        out += [{"index": i, "role": base[i].get("role"), "action": "verbatim", "reason": "kept",  # the base's own
+                 "artifact_id": None} for i in base.keys() - notable.keys()]
     edits = [{"index": None, "action": CONTEXT_MANAGEMENT, **record.provider_edits}] if record.provider_edits else []
     return sorted(out, key=lambda d: d["index"]) + list(record.rehydrations) + edits
 

@@ -12,8 +12,10 @@ over, so no request ever ends up pointing at removed rows.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from datetime import datetime, timedelta
-from typing import Any, Literal, Sequence, overload
+from typing import Any, Collection, Literal, Sequence, overload
 
 from sqlalchemy import Connection, bindparam, insert, select
 from sqlalchemy.exc import DataError, IntegrityError
@@ -133,10 +135,10 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
             raise UnknownParentRequest(run.parent_request_id)
         existing, members = self._known_nodes(connection, conversation, ids, probed)
         built = prepared.rows
-        if any(i not in existing and i not in built for i in ids):  # new, yet not among the likely new
+        if set(ids).difference(existing, built):  # new, yet not among the likely new
             built = {**built, **self._new_rows(tenant, tree_id, path, lambda i: i not in existing and i not in built,
                                                run, now)}
-        new = [n for n in path if n.id not in existing]
+        new = _not_in(path, ids, existing)
         node_rows, asking, artifact_rows, blobs = [], [], [], {}
         for node in new:
             row, artifact, raw = built[node.id]
@@ -148,7 +150,7 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
             if node.message.get("role") == "assistant" and node.message.get("tool_calls"):
                 asking.append(node)
         call_rows = self._call_rows(connection, tenant, asking, now)  # its read first: the writes go as one batch
-        joining = [n for n in path if n.id not in members]
+        joining = _not_in(path, ids, members)
         # Not in the batch: a file is written only once its registry row's lock is held, not merely asked for.
         self._write_blobs(connection, blobs, now)
         with self._batched(connection, last=True) as batch:  # PostgreSQL: one round trip for them all, COMMIT too
@@ -304,3 +306,9 @@ class Capture(CaptureRows, ConversationReads, RunOutcomes):
 def _captured_then_failed(exc: Exception) -> CapturedThenFailed:
     first_line = (str(exc).splitlines() or [""])[0][:300]
     return CapturedThenFailed(f"after the capture: {type(exc).__name__}: {first_line}")
+
+
+def _not_in(path: Sequence[PathNode], ids: Sequence[str], found: Collection[str]) -> list[PathNode]:
+    """The nodes of `path` (whose ids are `ids`) not in `found`, in order: `[n for n in path if n.id not in
+    found]` without a Python step per node (a 1,000-message path, under the write lock on SQLite)."""
+    return list(itertools.compress(path, map(operator.not_, map(found.__contains__, ids))))

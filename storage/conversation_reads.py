@@ -46,10 +46,11 @@ _PATH_STATE = text(
 class Prefetched(NamedTuple):
     """PostgreSQL: the reads after a capture, queued at the end of its batch of writes (`queue_reads`),
     so they come back in the batch's round trip: the facts of the path's artifacts no earlier request
-    read (None: none was missing), and `_PATH_STATE`'s row."""
+    read (None: none was missing), and `_PATH_STATE`'s row; and the path's artifact ids."""
 
     facts: Queued | None
     state: Queued
+    artifact_ids: list[str]
 
 
 class Written(NamedTuple):
@@ -70,15 +71,17 @@ class ConversationReads(PathReads):
     def queue_reads(self, batch: Batch, path: Sequence[PathNode], run: RunStart, conversation: str,
                     incarnation: int) -> Prefetched:
         """PostgreSQL: the reads of `_read_after_capture` queued in the capture's batch, after its writes."""
-        missing = self._facts_missing(run.tenant, conversation, incarnation, _path_artifacts(path))
+        artifact_ids = _path_artifacts(path)
+        missing = self._facts_missing(run.tenant, conversation, incarnation, artifact_ids)
         facts = batch.read(POSTGRESQL_ARTIFACT_FACTS, {"ids": missing}) if missing else None
-        return Prefetched(facts, batch.read(_PATH_STATE, self._path_state_parameters(run, conversation, path)))
+        return Prefetched(facts, batch.read(_PATH_STATE, self._path_state_parameters(run, conversation, path)),
+                          artifact_ids)
 
     def _read_after_capture(self, connection: Connection, path: Sequence[PathNode], run: RunStart,
                             written: Written) -> IngestResult:
         conversation = written.conversation
-        path_artifacts = _path_artifacts(path)
         prefetched = written.prefetched
+        path_artifacts = prefetched.artifact_ids if prefetched is not None else _path_artifacts(path)
         observed, owners, rehydrated = self._path_facts(connection, run.tenant, conversation, written.incarnation,
                                                         path_artifacts, prefetched.facts if prefetched else None)
         # This run is pending (no tokens yet), so never its own previous one. Node ids hash the tenant

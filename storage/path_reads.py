@@ -9,6 +9,7 @@ path's length.
 """
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
@@ -43,7 +44,11 @@ _NEXT_INCARNATION = (
 
 
 def _facts_of(held: PathFacts, artifact_ids: list[str]) -> tuple[dict[str, float], dict[str, str], frozenset[str]]:
-    """The held facts of `artifact_ids` (those the database has), as `_artifact_facts` gives them."""
+    """The held facts of `artifact_ids` (those the database has), as `_artifact_facts` gives them. Held
+    for exactly these (a conversation without branches): copies, without a look-up per artifact."""
+    if len(held.observed) == len(artifact_ids) == len(held.owners) and held.observed.keys() == set(artifact_ids) \
+            and held.owners.keys() == held.observed.keys():
+        return dict(held.observed), dict(held.owners), held.rehydrated.intersection(held.observed)
     observed = {a: held.observed[a] for a in artifact_ids if a in held.observed}
     return observed, {a: held.owners[a] for a in observed}, held.rehydrated.intersection(observed)
 
@@ -199,7 +204,9 @@ class PathReads(StoreBase):
     def _facts_missing(self, tenant: str, conversation: str, incarnation: int, artifact_ids: list[str]) -> list[str]:
         """Those of `artifact_ids` whose facts `_path_facts` would read."""
         held: PathFacts | None = self._facts_held.get((tenant, conversation, incarnation))
-        return list(artifact_ids) if held is None else [a for a in artifact_ids if a not in held.observed]
+        if held is None:
+            return list(artifact_ids)
+        return list(itertools.filterfalse(held.observed.__contains__, artifact_ids))
 
     def _path_facts(self, connection: Connection, tenant: str, conversation: str, incarnation: int,
                     artifact_ids: list[str], read: Any = None,

@@ -97,8 +97,10 @@ class RunOutcomes(Conversations):
         base = assembly.base_decisions if assembly.base_request_id is not None else None
         notable = assembly.notable
         now = self._now()
-        for index, message in (assembly.replaced or {}).items():
-            forwarded = notable[index].get("forwarded")
+        replaced = assembly.replaced or {}
+        # Where the decision is its base's own dict, the base forwarded the same message (`changed`).
+        for index in replaced if base is None else [i for i in assembly.changed if i in replaced]:
+            message, forwarded = replaced[index], notable[index].get("forwarded")
             if base is not None and forwarded is not None and (base.get(index) or {}).get("forwarded") == forwarded:
                 continue  # the base request forwarded the same message: stored then
             digest, data = message_digest(message)

@@ -273,7 +273,9 @@ class MessageMemo:
         if not all(_json_types(messages[i]) for i in new):
             return None  # kept out of the memo: see `_key`
         for message, entry in zip(messages, known):
-            if entry is not None:  # first, as LiteLLM's validation fixes every message before it may refuse one
+            # first, as LiteLLM's validation fixes every message before it may refuse one (a message with
+            # a role and no tool calls has nothing to fix: no call for it)
+            if entry is not None and (not message.get("role") or message.get("tool_calls")):
                 _fix_in_place(message)
         # Else, and where LiteLLM refuses a message (in words naming its place in the whole list), the
         # whole-list path repeats the in-place fixes, which change nothing the second time.
