@@ -122,8 +122,7 @@ class _Draft:
         for index, taken in found:
             decision, content, omission, after = taken
             if content is not None:
-                replaced = out[index] = out[index].copy()
-                replaced["content"] = content
+                out[index] = _with_content(out[index], content)
                 sent_tokens[index] = after  # type: ignore[assignment]
             decisions[index] = decision
             if omission is not None:

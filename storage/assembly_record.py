@@ -210,8 +210,9 @@ def stored_decisions(record: AssemblyRecord) -> list[dict[str, Any]]:
     if base is None:
         out = list(notable.values())
     else:
-        out = [notable[i] for i in record.changed if not _same_decision(base.get(i), notable[i])]  # the others are
-        out += [{"index": i, "role": base[i].get("role"), "action": "verbatim", "reason": "kept",  # the base's own
+        # the decisions not in `changed` are the base's own dicts
+        out = [notable[i] for i in record.changed if not _same_decision(base.get(i), notable[i])]
+        out += [{"index": i, "role": base[i].get("role"), "action": "verbatim", "reason": "kept",
                  "artifact_id": None} for i in base.keys() - notable.keys()]
     edits = [{"index": None, "action": CONTEXT_MANAGEMENT, **record.provider_edits}] if record.provider_edits else []
     return sorted(out, key=lambda d: d["index"]) + list(record.rehydrations) + edits
