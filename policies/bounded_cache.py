@@ -19,6 +19,11 @@ from policies.memo import register
 # The characters of tool results one cache of result views may keep alive: the caches that carry a
 # conversation's views over to its next request keep a few conversations, however large their results.
 VIEWS_TEXT_BUDGET = 32 * 1024 * 1024
+# ... and one conversation's, at most: past it, its next request builds its views again (the time its
+# tens of MB of results take to read and store anyway dwarfs that) rather than the cache keeping one huge
+# conversation alive after it has gone quiet. A burst of 8 conversations of 30 MiB each left three such
+# caches holding the last one's 31 MB of results (bench/memory_burst.py's bodies, served in one process).
+VIEWS_TEXT_LARGEST = VIEWS_TEXT_BUDGET // 8
 
 
 def views_text(views: Mapping[Any, Any]) -> int:
@@ -37,12 +42,13 @@ class BoundedCache:
 
     At most `size` entries and, with `weigh` (an entry's weight: the characters of text it holds), at
     most `max_weight` in all: a cache of a few entries of large texts stays small whatever the texts
-    (an entry heavier than the whole budget is not kept)."""
+    (an entry heavier than `largest`, by default the whole budget, is not kept)."""
 
     def __init__(self, size: int, max_weight: int | None = None,
-                 weigh: Callable[[Any], int] | None = None) -> None:
+                 weigh: Callable[[Any], int] | None = None, largest: int | None = None) -> None:
         self.size = size
         self.max_weight = max_weight
+        self.largest = largest if largest is not None and max_weight is not None else max_weight
         self.weigh = weigh if max_weight is not None else None
         self.weight = 0
         self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
@@ -62,7 +68,7 @@ class BoundedCache:
             earlier = self._items.pop(key, None)
             if earlier is not None:
                 self.weight -= earlier[1]
-            if self.max_weight is not None and weight > self.max_weight:
+            if self.largest is not None and weight > self.largest:
                 return
             self._items[key] = (value, weight)
             self.weight += weight

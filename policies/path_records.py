@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 from policies.assembly_types import Records
 from policies.memories import ArtifactView
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, BoundedCache, view_text
+from policies.bounded_cache import VIEWS_TEXT_BUDGET, VIEWS_TEXT_LARGEST, BoundedCache, view_text
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
@@ -78,7 +78,8 @@ def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> l
 # few conversations are kept: at most 128 entries, holding at most VIEWS_TEXT_BUDGET characters of
 # results (counted per entry, so shared views count more than once). Counted by entries alone, a burst
 # of conversations with multi-MB transcripts kept hundreds of MB after it (bench/large_bodies.py).
-_PREFIXES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda prefix: prefix.chars)
+_PREFIXES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda prefix: prefix.chars,
+                         largest=VIEWS_TEXT_LARGEST)
 _PREFIX_LOOKBACK = 16  # where an earlier request may have ended: within the last few messages
 
 

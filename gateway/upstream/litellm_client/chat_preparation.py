@@ -227,12 +227,16 @@ class MessageMemo:
     `limit` of them (the oldest quarter dropped past it; a 1,000-message transcript of ~1 kB messages
     holds ~2 MB: the key and the prepared copy) and at most `max_chars` characters of them, keys and
     texts (the oldest dropped past it: a verbatim tool result may be megabytes, and 16,384 of those
-    held after a burst of large transcripts would be gigabytes). Read without a lock (a message dropped
-    meanwhile is prepared again), written under one."""
+    held after a burst of large transcripts would be gigabytes). A message of more than `largest`
+    characters is prepared anew each time instead: the memo saves a copy and an encoding of it, little
+    beside the reading, hashing and storing every request does for a message that large, and 28 of the
+    786 KB results of a burst of 30 MiB bodies kept 22 MB of their JSON alone after it. Read without a
+    lock (a message dropped meanwhile is prepared again), written under one."""
 
-    def __init__(self, limit: int = 16384, max_chars: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, limit: int = 16384, max_chars: int = 64 * 1024 * 1024, largest: int = 256 * 1024) -> None:
         self.limit = limit
         self.max_chars = max_chars
+        self.largest = min(largest, max_chars)
         self.chars = 0
         self._weights: dict[bytes, int] = {}
         self._prepared: dict[bytes, tuple[Any, Any, list[bytes | None]]] = {}
@@ -324,7 +328,7 @@ class MessageMemo:
         weights = [len(key) + _chars(entry[1]) for key, entry in zip(keys, entries)]
         with self._lock:
             for key, entry, weight in zip(keys, entries, weights):
-                if weight > self.max_chars:
+                if weight > self.largest:
                     continue
                 self.chars += weight - self._weights.get(key, 0)
                 self._prepared[key] = entry

@@ -241,6 +241,20 @@ def test_the_memo_holds_a_bounded_share_of_text() -> None:
     assert memo.chars == 0 and memo._weights == {}
 
 
+def test_a_message_past_the_largest_is_prepared_anew_each_time() -> None:
+    """The memo keeps no message of more than `largest` characters (the others still come from it), and
+    what is sent is the same either way."""
+    memo = MessageMemo(largest=20_000)
+    transcript = [{"role": "user", "content": "short"}, {"role": "user", "content": "x" * 30_000}]
+    sent = []
+    for _ in range(2):
+        found = memo.lookup(ROUTE, copy.deepcopy(transcript), {"custom_llm_provider": "openai"})
+        assert found is not None
+        sent.append(found.body(lambda some: {"messages": some}, None))
+    assert len(found._before_new) == 1 and len(memo._prepared) == 1  # the short one came from the memo
+    assert sent[0] == sent[1] and memo.chars < 20_000
+
+
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
               st.text(max_size=20)),
