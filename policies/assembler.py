@@ -32,7 +32,7 @@ from policies.budget_fit import fit_budget
 from policies.epoch_replay import Epochs
 from policies.memories import ArtifactView, render_notice
 from policies.policy import Policy
-from policies.rounds import PREFIX_LOOKBACK
+from policies.rounds import last_positions
 from policies.tokens import DEFAULT_ENCODING, message_tokens
 from policies.transcript import SHORT_REF_HEX, refers_to
 from policies.visibility import notice_reason
@@ -283,7 +283,7 @@ def _every_decision(state: Assembly, decided: Mapping[int, Decision]) -> tuple[D
     known = bool(ids) and len(ids) == count  # type: ignore[arg-type]
     every: dict[int, Decision] = {}
     start, made = 0, frozenset[int]()
-    for position in range(count - 1, max(-1, count - 1 - PREFIX_LOOKBACK), -1) if known else ():
+    for position in last_positions(count) if known else ():
         earlier = _WHOLE.get((ids[position], state.context_key))  # type: ignore[index]
         if earlier is not None:
             if tokens[:position + 1] == earlier[2]:  # the same messages (node ids) and tokens

@@ -20,7 +20,7 @@ from policies.excerpts import Kept, phrases_of, terms_of
 from policies.memories import compact_arguments, excerpt, holds, kept_summary, render_memory, terms_in, text_free
 from policies.policy import Policy, ToolRule
 from policies.result_facts import loose_digest, short_values, shown_revision
-from policies.rounds import PREFIX_LOOKBACK, rounds_and_numbers
+from policies.rounds import last_positions, rounds_and_numbers
 from policies.supersession import Scan, extend, revisions, scan
 from policies.thoughts import compact_thought
 from policies.tokens import count_text, message_tokens
@@ -113,7 +113,7 @@ class Assembly(EpochReplay):
         # what the decision loop of the conversation's latest earlier request decided (see `unchanged`)
         self.previous: decision_reuse.Decided | None = None
         if node_ids and messages:
-            for position in range(len(messages) - 1, max(-1, len(messages) - 1 - PREFIX_LOOKBACK), -1):
+            for position in last_positions(len(messages)):
                 self.previous = decision_reuse.DECISIONS.get((node_ids[position], self.context_key))
                 if self.previous is not None:
                     self._arguments = dict(self.previous.arguments)
@@ -163,7 +163,7 @@ class Assembly(EpochReplay):
         retries one, read only those views (whom each may be shown to, each one's call) and the context."""
         if not self.node_ids or not self.messages:
             return None
-        for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - PREFIX_LOOKBACK), -1):
+        for position in last_positions(len(self.messages)):
             found = _DUPLICATES.get((self.node_ids[position], self.context_key))
             if found is not None:
                 length, views = found.length, found.views
@@ -207,7 +207,7 @@ class Assembly(EpochReplay):
         conversation found in its messages (by the node id of its last, which names them all)."""
         start, terms, asked, phrases = 0, {}, {}, {}
         if self.node_ids:
-            for position in range(len(self.messages) - 1, max(-1, len(self.messages) - 1 - PREFIX_LOOKBACK), -1):
+            for position in last_positions(len(self.messages)):
                 found = _NAMED_TERMS.get(self.node_ids[position])
                 if found is not None:
                     start, terms, asked, phrases = position + 1, dict(found[0]), dict(found[1]), dict(found[2])

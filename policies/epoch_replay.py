@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from policies.bounded_cache import BoundedCache
-from policies.rounds import PREFIX_LOOKBACK
+from policies.rounds import last_positions
 
 
 @dataclass
@@ -153,7 +153,7 @@ class EpochReplay:
         messages, ids = self.messages, self.node_ids
         known = ids is not None and len(ids) == len(messages)
         start, assistants, answers, latest_user = 0, [0], [[0, 0], [0, 0]], -1
-        for position in range(len(messages) - 1, max(-1, len(messages) - 1 - PREFIX_LOOKBACK), -1) if known else ():
+        for position in last_positions(len(messages)) if known else ():
             found = _TALLIES.get(ids[position])  # type: ignore[index]
             if found is not None:
                 start, assistants, answers = position + 1, list(found.assistants), [list(a) for a in found.answers]

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 from policies.assembly_types import Records
 from policies.memories import ArtifactView
 from policies.bounded_cache import VIEWS_TEXT_BUDGET, VIEWS_TEXT_LARGEST, BoundedCache, view_text
+from policies.rounds import PREFIX_LOOKBACK, last_positions
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
@@ -53,7 +54,7 @@ def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> l
     an earlier request of the conversation ended on (within its last few messages) are taken whole."""
     out: list[int] = []
     start = 0
-    for position in range(len(path) - 1, max(-1, len(path) - 1 - _PREFIX_LOOKBACK), -1):
+    for position in last_positions(len(path)):
         found = _PATH_TOKENS.get((path[position].id, encoding))
         if found is not None:
             out, start = list(found), position + 1
@@ -80,7 +81,6 @@ def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> l
 # of conversations with multi-MB transcripts kept hundreds of MB after it (bench/large_bodies.py).
 _PREFIXES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda prefix: prefix.chars,
                          largest=VIEWS_TEXT_LARGEST)
-_PREFIX_LOOKBACK = 16  # where an earlier request may have ended: within the last few messages
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def records_for_path(
 def _earlier_prefix(path: Sequence[PathNode], encoding: str) -> _Prefix | None:
     """The records of the longest prefix of `path` (ending within its last few messages) that an
     earlier request built."""
-    for node in reversed(path[-_PREFIX_LOOKBACK:]):
+    for node in reversed(path[-PREFIX_LOOKBACK:]):
         found = _PREFIXES.get((node.id, encoding))
         if found is not None:
             return found

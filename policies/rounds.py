@@ -10,6 +10,11 @@ from policies.bounded_cache import BoundedCache
 PREFIX_LOOKBACK = 16  # where an earlier request of the conversation may have ended: its last few messages
 
 
+def last_positions(count: int) -> range:
+    """The positions of a sequence of `count` items an earlier request may have ended at, the last first."""
+    return range(count - 1, max(-1, count - 1 - PREFIX_LOOKBACK), -1)
+
+
 @dataclass(frozen=True)
 class Round:
     assistant: int
@@ -50,7 +55,7 @@ def rounds_and_numbers(messages: Sequence[Mapping[str, Any]],
     round_of: dict[int, int] = {}
     start = 0
     if node_ids:
-        for position in range(len(messages) - 1, max(-1, len(messages) - 1 - PREFIX_LOOKBACK), -1):
+        for position in last_positions(len(messages)):
             found = _ROUNDS.get(node_ids[position])
             if found is not None:
                 earlier, earlier_of = found
