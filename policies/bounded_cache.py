@@ -48,7 +48,7 @@ class BoundedCache:
                  weigh: Callable[[Any], int] | None = None, largest: int | None = None) -> None:
         self.size = size
         self.max_weight = max_weight
-        self.largest = largest if largest is not None and max_weight is not None else max_weight
+        self.largest = min(largest, max_weight) if largest is not None and max_weight is not None else max_weight
         self.weigh = weigh if max_weight is not None else None
         self.weight = 0
         self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()

@@ -37,6 +37,7 @@ def test_an_entry_heavier_than_largest_is_not_kept_though_the_budget_has_room() 
     cache.put("a", "z" * 40)  # a kept key given a value past it: the old one goes too
     assert (cache.get("a"), len(cache), cache.weight) == (None, 0, 0)
     assert BoundedCache(4, largest=10).largest is None  # unweighed: nothing to compare
+    assert BoundedCache(4, max_weight=5, weigh=len, largest=10).largest == 5  # never past the whole budget
 
 
 def test_the_caches_of_views_keep_no_conversation_past_its_share_of_their_budget() -> None:
