@@ -19,8 +19,8 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -30,8 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from bench_transcripts import synthetic_session  # noqa: E402
-
-from scripts.processes import free_port  # noqa: E402
+from proxy_compare import upstream_server  # noqa: E402
 
 HEADERS = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json", "Accept": "application/json"}
 WARMUP = 50
@@ -77,35 +76,18 @@ WAYS: dict[str, Callable[[str, bytes, int], Awaitable[float]]] = {
 
 def measure(messages: int, requests: int, repeats: int) -> dict[str, list[float]]:
     """Microseconds of CPU per request, by way, each way `repeats` times (alternated)."""
-    port = free_port()
-    upstream = subprocess.Popen([sys.executable, str(REPO / "bench" / "constant_upstream.py"), "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        _wait_for(port, upstream)
-        body = json.dumps({"model": "fake", "messages": synthetic_session(messages, 7)}).encode()
-        out: dict[str, list[float]] = {way: [] for way in WAYS}
-        for _ in range(repeats):
-            for way, run in WAYS.items():
-                out[way].append(asyncio.run(run(url, body, requests)) * 1e6)
-        return out
-    finally:
-        upstream.terminate()
-        upstream.wait(10)
-
-
-def _wait_for(port: int, upstream: subprocess.Popen[bytes], seconds: float = 20.0) -> None:
-    import socket
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if upstream.poll() is not None:
-            raise SystemExit("bench/constant_upstream.py exited before it listened")
+    with tempfile.TemporaryDirectory(prefix="transport-cpu-") as folder:
+        upstream = upstream_server(Path(folder)).start(60)
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"bench/constant_upstream.py did not listen on {port} within {seconds:g} s")
+            url = f"{upstream.api_base}/chat/completions"
+            body = json.dumps({"model": "fake", "messages": synthetic_session(messages, 7)}).encode()
+            out: dict[str, list[float]] = {way: [] for way in WAYS}
+            for _ in range(repeats):
+                for way, run in WAYS.items():
+                    out[way].append(asyncio.run(run(url, body, requests)) * 1e6)
+            return out
+        finally:
+            upstream.stop()
 
 
 def main() -> None:

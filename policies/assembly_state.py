@@ -14,7 +14,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 from policies import decision_reuse
 from policies.assembly_types import Records
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, VIEWS_TEXT_LARGEST, BoundedCache
+from policies.bounded_cache import BoundedCache, views_cache
 from policies.epoch_replay import EpochReplay, Tallies
 from policies.excerpts import Kept, phrases_of, terms_of
 from policies.memories import compact_arguments, excerpt, holds, kept_summary, render_memory, terms_in, text_free
@@ -60,8 +60,7 @@ class _Earlier(NamedTuple):
 
 # `_Earlier` by (node id of its last message, context). Not mutated once stored. The views hold the
 # results' texts: a bounded share of them.
-_DUPLICATES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda found: found.chars,
-                           largest=VIEWS_TEXT_LARGEST)
+_DUPLICATES = views_cache(lambda found: found.chars)
 
 
 def _age(seconds: float) -> str:

@@ -26,6 +26,12 @@ VIEWS_TEXT_BUDGET = 32 * 1024 * 1024
 VIEWS_TEXT_LARGEST = VIEWS_TEXT_BUDGET // 8
 
 
+def views_cache(weigh: Callable[[Any], int]) -> "BoundedCache":
+    """A cache that carries a conversation's result views to its next request: 128 entries, at most
+    VIEWS_TEXT_BUDGET characters of results in all and VIEWS_TEXT_LARGEST in one entry (`weigh`)."""
+    return BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=weigh, largest=VIEWS_TEXT_LARGEST)
+
+
 def views_text(views: Mapping[Any, Any]) -> int:
     """The characters of text (results and their calls' arguments) a mapping of `ArtifactView`s holds."""
     return sum(map(view_text, views.values()))

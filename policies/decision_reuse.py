@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from policies.assembly_types import Decision
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, VIEWS_TEXT_LARGEST, BoundedCache
+from policies.bounded_cache import views_cache
 from policies.epoch_replay import Epochs
 from policies.policy import Policy
 from policies.rounds import Round
@@ -19,8 +19,7 @@ from policies.rounds import Round
 # the conversation's next request takes the same decisions for the messages whose inputs are unchanged
 # (see `unchanged`) and decides the rest again. One entry per request; small values (decisions,
 # memories' texts); the views are the records' own, holding the results' texts: a bounded share of them.
-DECISIONS = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda decided: decided.chars,
-                         largest=VIEWS_TEXT_LARGEST)
+DECISIONS = views_cache(lambda decided: decided.chars)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 
 from policies.assembly_types import Records
 from policies.memories import ArtifactView
-from policies.bounded_cache import VIEWS_TEXT_BUDGET, VIEWS_TEXT_LARGEST, BoundedCache, view_text
-from policies.rounds import PREFIX_LOOKBACK, last_positions
+from policies.bounded_cache import BoundedCache, view_text, views_cache
+from policies.rounds import last_positions
 from policies.tokens import DEFAULT_ENCODING, count_text, message_tokens
 from policies.tool_status import message_status
 from policies.transcript import PathNode, arguments_artifact_id, artifact_id_for, tool_result_bytes
@@ -79,8 +79,7 @@ def path_tokens(path: Sequence[PathNode], encoding: str = DEFAULT_ENCODING) -> l
 # few conversations are kept: at most 128 entries, holding at most VIEWS_TEXT_BUDGET characters of
 # results (counted per entry, so shared views count more than once). Counted by entries alone, a burst
 # of conversations with multi-MB transcripts kept hundreds of MB after it (bench/large_bodies.py).
-_PREFIXES = BoundedCache(128, max_weight=VIEWS_TEXT_BUDGET, weigh=lambda prefix: prefix.chars,
-                         largest=VIEWS_TEXT_LARGEST)
+_PREFIXES = views_cache(lambda prefix: prefix.chars)
 
 
 @dataclass(frozen=True)
@@ -151,8 +150,8 @@ def records_for_path(
 def _earlier_prefix(path: Sequence[PathNode], encoding: str) -> _Prefix | None:
     """The records of the longest prefix of `path` (ending within its last few messages) that an
     earlier request built."""
-    for node in reversed(path[-PREFIX_LOOKBACK:]):
-        found = _PREFIXES.get((node.id, encoding))
+    for position in last_positions(len(path)):
+        found = _PREFIXES.get((path[position].id, encoding))
         if found is not None:
             return found
     return None
